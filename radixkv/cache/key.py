@@ -1,0 +1,144 @@
+"""RadixKey: token ids plus a namespace, stored as packed uint32 bytes.
+
+Packing the ids into one `bytes` object makes every hot operation C-level: slicing is a
+memcpy, edge equality is a memcmp, a page of tokens is a hashable dict key, and the first
+divergence of two runs is one XOR of two big integers (see `first_divergence`).
+"""
+from __future__ import annotations
+
+from array import array
+from typing import Iterable, Iterator
+
+import numpy as np
+
+_ITEM = 4                       # bytes per token id (uint32)
+_MAX_TOKEN = 2**32 - 1
+
+
+def pack_tokens(tokens) -> bytes:
+    """Validate and pack token ids into uint32 bytes; raises ValueError naming a bad id."""
+    if isinstance(tokens, (bytes, bytearray, memoryview)):
+        raise TypeError("token ids must be a sequence of ints, not bytes")
+    if isinstance(tokens, np.ndarray):
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise ValueError(f"token ids must be a 1-D integer array, got dtype {tokens.dtype} "
+                             f"and shape {tokens.shape}")
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) > _MAX_TOKEN):
+            bad = tokens[(tokens < 0) | (tokens > _MAX_TOKEN)][0]
+            raise ValueError(f"token id {int(bad)} is out of range [0, 2**32)")
+        return tokens.astype("=u4", copy=False).tobytes()
+    if iter(tokens) is tokens:      # a one-shot iterator: keep it for the slow path below
+        tokens = list(tokens)
+    try:
+        return array("I", tokens).tobytes()
+    except (OverflowError, TypeError):
+        for t in tokens:            # slow path only to name the offending value
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                raise ValueError(f"token id {t!r} is not an int") from None
+            if not 0 <= t <= _MAX_TOKEN:
+                raise ValueError(f"token id {t} is out of range [0, 2**32)") from None
+        raise
+
+
+def first_divergence(a: bytes, b: bytes) -> int:
+    """Number of leading tokens two packed runs share, in a handful of C-level operations:
+    one memcmp when they agree; otherwise an XOR of two big ints (short runs) or one
+    vectorised compare (long runs, where big-int conversion would dominate)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n // _ITEM
+    if n <= 256 * _ITEM:
+        x = int.from_bytes(a[:n], "big") ^ int.from_bytes(b[:n], "big")
+        return (n - (x.bit_length() + 7) // 8) // _ITEM     # first differing byte -> token
+    m = n // _ITEM
+    ne = np.frombuffer(a, "=u4", m) != np.frombuffer(b, "=u4", m)
+    return int(ne.argmax())
+
+
+def namespace_of(extra_key: str | None, cache_salt: str | None) -> tuple[str | None, str | None]:
+    for name, v in (("extra_key", extra_key), ("cache_salt", cache_salt)):
+        if v is not None and not isinstance(v, str):
+            raise ValueError(f"{name} must be a str or None, got {v!r}")
+    return (extra_key, cache_salt)
+
+
+class RadixKey:
+    """Token ids plus a namespace (extra_key such as a LoRA id, and cache_salt).
+
+    Identical tokens in different namespaces never match. Supports len, iteration, indexing
+    and slicing (a slice keeps the namespace).
+    """
+    __slots__ = ("buf", "namespace")
+
+    def __init__(self, tokens: Iterable[int] = (), extra_key: str | None = None,
+                 cache_salt: str | None = None):
+        self.namespace = namespace_of(extra_key, cache_salt)
+        self.buf = pack_tokens(tokens)
+
+    @classmethod
+    def _raw(cls, buf: bytes, namespace: tuple) -> "RadixKey":
+        k = object.__new__(cls)
+        k.buf, k.namespace = buf, namespace
+        return k
+
+    @property
+    def extra_key(self) -> str | None:
+        return self.namespace[0]
+
+    @property
+    def cache_salt(self) -> str | None:
+        return self.namespace[1]
+
+    @property
+    def tokens(self) -> list[int]:
+        return memoryview(self.buf).cast("I").tolist()
+
+    def numpy(self) -> np.ndarray:
+        return np.frombuffer(self.buf, dtype="=u4")
+
+    def __len__(self) -> int:
+        return len(self.buf) // _ITEM
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(memoryview(self.buf).cast("I"))
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(len(self))
+            if step != 1:
+                raise ValueError("RadixKey slices must be contiguous (step 1)")
+            return RadixKey._raw(self.buf[start * _ITEM:max(start, stop) * _ITEM], self.namespace)
+        return memoryview(self.buf).cast("I")[idx]
+
+    def __add__(self, other) -> "RadixKey":
+        if isinstance(other, RadixKey):
+            if other.namespace != self.namespace:
+                raise ValueError(f"cannot join keys of namespaces {self.namespace} and {other.namespace}")
+            return RadixKey._raw(self.buf + other.buf, self.namespace)
+        return RadixKey._raw(self.buf + pack_tokens(other), self.namespace)
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, RadixKey) and self.namespace == other.namespace
+                and self.buf == other.buf)
+
+    def __hash__(self) -> int:
+        return hash((self.buf, self.namespace))
+
+    def page(self, i: int, page_size: int) -> bytes:
+        """The packed bytes of page i: the child-key of an edge starting there."""
+        return self.buf[i * page_size * _ITEM:(i + 1) * page_size * _ITEM]
+
+    def match(self, other: "RadixKey", page_size: int = 1) -> int:
+        """Length of the common prefix, rounded down to whole pages."""
+        if not isinstance(other, RadixKey):
+            raise TypeError(f"RadixKey.match needs a RadixKey, got {type(other).__name__}")
+        if other.namespace != self.namespace:
+            raise ValueError(f"namespaces differ: {self.namespace} vs {other.namespace}")
+        n = first_divergence(self.buf, other.buf)
+        return n - n % page_size
+
+    def __repr__(self) -> str:
+        toks = self.tokens
+        body = ", ".join(map(str, toks[:8])) + (f", ... (+{len(toks) - 8})" if len(toks) > 8 else "")
+        ns = "" if self.namespace == (None, None) else f", namespace={self.namespace}"
+        return f"RadixKey([{body}]{ns})"

@@ -1,0 +1,120 @@
+"""SlotPool: the single owner of free KV slot indices.
+
+Caches never free memory: they return slot arrays, and whoever holds them gives them back
+here. That makes slot conservation checkable in one place (`check_conservation`).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+SLOT_DTYPE = np.int64
+EMPTY_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
+EMPTY_SLOTS.flags.writeable = False
+
+
+class OutOfSlotsError(RuntimeError):
+    """Raised by SlotPool.alloc when fewer slots are free than asked for."""
+
+
+def as_slots(slots) -> np.ndarray:
+    """Validate a slot sequence into a 1-D int64 array (ValueError names a bad value)."""
+    arr = np.asarray(slots)
+    if arr.size == 0:
+        return EMPTY_SLOTS
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise ValueError(f"slots must be a 1-D sequence of ints, got dtype {arr.dtype} shape {arr.shape}")
+    return arr.astype(SLOT_DTYPE, copy=False)
+
+
+class SlotPool:
+    """`num_slots` KV slots handed out in pages of `page_size` (a page is contiguous)."""
+
+    def __init__(self, num_slots: int, page_size: int = 1):
+        if not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+        if not isinstance(num_slots, int) or num_slots < page_size or num_slots % page_size:
+            raise ValueError(f"num_slots must be a positive multiple of page_size {page_size}, "
+                             f"got {num_slots!r}")
+        self.num_slots, self.page_size = num_slots, page_size
+        self.num_pages = num_slots // page_size
+        self.reset()
+
+    def reset(self) -> None:
+        # free pages as a stack: the top is the end; low page ids are handed out first
+        self._free = np.arange(self.num_pages - 1, -1, -1, dtype=SLOT_DTYPE)
+        self._top = self.num_pages
+        self._in_use = np.zeros(self.num_slots, dtype=bool)      # per slot: handed out
+
+    def available(self) -> int:
+        """Free slots (always whole pages)."""
+        return self._top * self.page_size
+
+    def used(self) -> int:
+        return self.num_slots - self.available()
+
+    def alloc(self, n: int) -> np.ndarray:
+        """Hand out ceil(n / page_size) whole pages: an int64 array of that many * page_size slots."""
+        if not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"alloc needs a non-negative int, got {n!r}")
+        pages = -(-int(n) // self.page_size)
+        if pages > self._top:
+            raise OutOfSlotsError(f"asked for {n} slots ({pages} pages of {self.page_size}); "
+                                  f"only {self.available()} of {self.num_slots} are free")
+        if pages == 0:
+            return EMPTY_SLOTS
+        page_ids = self._free[self._top - pages:self._top][::-1]
+        self._top -= pages
+        slots = (page_ids[:, None] * self.page_size + np.arange(self.page_size)).ravel()
+        self._in_use[slots] = True
+        return slots
+
+    def free(self, slots: Iterable[int]) -> None:
+        """Take slots back. A double free, a foreign slot or a partial page raises and frees nothing."""
+        arr = as_slots(slots)
+        if arr.size == 0:
+            return
+        if arr.min() < 0 or arr.max() >= self.num_slots:
+            bad = arr[(arr < 0) | (arr >= self.num_slots)][0]
+            raise ValueError(f"slot {int(bad)} does not belong to this pool of {self.num_slots}")
+        uniq = np.unique(arr)
+        if uniq.size != arr.size:
+            raise ValueError(f"slot {int(_first_dup(arr))} appears twice in one free")
+        if not self._in_use[arr].all():
+            bad = arr[~self._in_use[arr]][0]
+            raise ValueError(f"double free: slot {int(bad)} is not allocated")
+        pages = np.unique(arr // self.page_size)
+        if self.page_size > 1 and pages.size * self.page_size != arr.size:
+            raise ValueError(f"free of {arr.size} slots does not cover whole pages of {self.page_size}")
+        self._in_use[arr] = False
+        self._free[self._top:self._top + pages.size] = pages
+        self._top += pages.size
+
+    def check_conservation(self, held: Iterable[Iterable[int]] = ()) -> None:
+        """Every slot is free here or held by exactly one holder in `held` (tree, requests)."""
+        count = np.zeros(self.num_slots, dtype=np.int64)
+        for h in held:
+            arr = as_slots(h)
+            if arr.size:
+                np.add.at(count, arr, 1)
+        free_mask = ~self._in_use
+        twice = np.flatnonzero(count > 1)
+        if twice.size:
+            raise AssertionError(f"slot {int(twice[0])} is held {int(count[twice[0]])} times")
+        both = np.flatnonzero(free_mask & (count > 0))
+        if both.size:
+            raise AssertionError(f"slot {int(both[0])} is free in the pool and also held")
+        lost = np.flatnonzero(~free_mask & (count == 0))
+        if lost.size:
+            raise AssertionError(f"slot {int(lost[0])} leaked: allocated but held by nobody")
+        free_pages = self._free[:self._top]
+        if np.unique(free_pages).size != free_pages.size:
+            raise AssertionError("a page is on the free stack twice")
+        if free_pages.size * self.page_size != int(free_mask.sum()):
+            raise AssertionError("free stack and per-slot state disagree")
+
+
+def _first_dup(arr: np.ndarray) -> int:
+    s = np.sort(arr)
+    return s[np.flatnonzero(s[1:] == s[:-1])[0]]

@@ -1,0 +1,1 @@
+"""Subcommands of the `radixkv` command line; each module has `register(subparsers)`."""

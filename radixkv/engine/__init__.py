@@ -1,0 +1,1 @@
+"""The engine layer: the loop that turns scheduler batches into executor runs."""

@@ -1,0 +1,145 @@
+"""Step-time model of a simulated GPU (roofline: compute time vs. bytes read), torch-free.
+
+Notation (`ModelSpec` / `GPUSpec` in radixkv.engine.specs):
+  P   = model.num_nonembed_params (LM head included, embedding lookup not)
+  A   = 4 * n_layers * n_heads * head_dim   FLOPs per (query token, attended token): QK^T and
+        PV are each n_heads*head_dim multiply-adds per layer, 2 FLOPs per multiply-add
+  W   = weight_bytes_per_gpu = num_params * dtype_bytes / tp
+  K   = kv_bytes_per_token_per_gpu = 2 * n_layers * max(1, n_kv_heads / tp) * head_dim * dtype
+  R   = gpu.achieved_tflops * 1e12          sustained FLOP/s of one GPU
+  BW  = hbm_bandwidth_Bps * achieved_bw_fraction   sustained bytes/s of one GPU
+
+A prefill segment (p, n) computes n new tokens after p cached ones. The token at 0-based
+position c attends to c + 1 tokens (the cached prefix, earlier new tokens and itself), so
+
+  FLOPs(p, n) = 2*P*n + A * sum_{c=p}^{p+n-1} (c + 1) = 2*P*n + A * (n*p + n*(n+1)/2)
+
+A decode request with context_len c (tokens already in its KV cache) is the segment (c, 1):
+FLOPs = 2*P + A*(c + 1); it reads c tokens of KV. FLOPs above are for the whole TP group;
+each of the tp GPUs does 1/tp of them at rate R, in parallel. Bytes read per GPU in one step:
+the weights once, plus the cached KV each prefill segment and decode request attends to:
+
+  bytes = W + K * (sum of prefix lengths p + sum of decode context lengths c)
+  prefill_time(segs)  = max(FLOPs(segs) / (tp * R), bytes(segs, []) / BW)
+  decode_time(ctxs)   = max(FLOPs(ctxs) / (tp * R), bytes([], ctxs) / BW)
+  step_time(segs, ctxs) = max(FLOPs(all) / (tp * R), bytes(segs, ctxs) / BW) + step_overhead_s
+
+prefill_time and decode_time are device time for that work alone; step_time is what one engine
+iteration costs (one weights read shared by the mixed batch, plus host overhead) and is what a
+simulator should charge. Not modelled: TP all-reduce time (NVLink, small next to the GEMMs at
+these shapes), KV writes, kernel-launch gaps inside a step (folded into R and the overhead).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from radixkv.engine.specs import GPUSpec, ModelSpec, get_gpu, get_model_spec
+
+# Host-side cost of one engine iteration in a Python serving loop: scheduling, building the
+# batch metadata, copying inputs to the device, sampling and handing tokens back. An
+# assumption, not a measurement: when this work is not overlapped with the GPU it is typically
+# a few ms per step; 3 ms is the middle of a 2-5 ms range. Pass 0 to model an engine that
+# overlaps scheduling with the previous step entirely.
+DEFAULT_STEP_OVERHEAD_S = 3e-3
+
+
+def _check_segments(segments: Sequence[tuple[int, int]]) -> None:
+    for seg in segments:
+        if len(seg) != 2:
+            raise ValueError(f"prefill segment must be (prefix_len, new_len), got {seg!r}")
+        p, n = seg
+        if not isinstance(p, int) or p < 0:
+            raise ValueError(f"prefix_len must be an int >= 0, got {p!r}")
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"new_len must be an int >= 1, got {n!r}")
+
+
+def _check_contexts(context_lens: Sequence[int]) -> None:
+    for c in context_lens:
+        if not isinstance(c, int) or c < 0:
+            raise ValueError(f"decode context_len must be an int >= 0, got {c!r}")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    model_spec: ModelSpec
+    gpu: GPUSpec
+    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
+
+    def __post_init__(self):
+        if isinstance(self.step_overhead_s, bool) or \
+                not isinstance(self.step_overhead_s, (int, float)) or self.step_overhead_s < 0:
+            raise ValueError(f"step_overhead_s must be a number >= 0, got {self.step_overhead_s!r}")
+
+    @classmethod
+    def named(cls, model: str, gpu: str, **kw) -> "CostModel":
+        """CostModel.named("llama-3-8b", "h100-sxm")."""
+        return cls(get_model_spec(model), get_gpu(gpu), **kw)
+
+    # ---- FLOPs and bytes -------------------------------------------------------------------
+    def prefill_flops(self, segments: Sequence[tuple[int, int]]) -> int:
+        """Total FLOPs (whole TP group) of the prefill segments, exact integer."""
+        _check_segments(segments)
+        ms = self.model_spec
+        linear = attn_pairs = 0
+        for p, n in segments:
+            linear += n
+            attn_pairs += n * p + n * (n + 1) // 2   # sum_{c=p}^{p+n-1} (c + 1)
+        return ms.flops_per_token * linear + ms.attn_flops_per_ctx_token * attn_pairs
+
+    def decode_flops(self, context_lens: Sequence[int]) -> int:
+        """Total FLOPs of one decode token per request: the segment (c, 1) for each c."""
+        _check_contexts(context_lens)
+        ms = self.model_spec
+        return sum(ms.flops_per_token + ms.attn_flops_per_ctx_token * (c + 1)
+                   for c in context_lens)
+
+    def bytes_per_gpu(self, prefill_segments: Sequence[tuple[int, int]] = (),
+                      decode_context_lens: Sequence[int] = ()) -> int:
+        """HBM bytes one GPU reads in a step: weights once + cached KV attended to."""
+        _check_segments(prefill_segments)
+        _check_contexts(decode_context_lens)
+        kv_tokens = sum(p for p, _ in prefill_segments) + sum(decode_context_lens)
+        ms = self.model_spec
+        return ms.weight_bytes_per_gpu + ms.kv_bytes_per_token_per_gpu * kv_tokens
+
+    def _device_time(self, flops: int, nbytes: int) -> float:
+        compute = flops / (self.model_spec.tp * self.gpu.achieved_flops)
+        memory = nbytes / self.gpu.achieved_bw_Bps
+        return max(compute, memory)
+
+    # ---- times -----------------------------------------------------------------------------
+    def prefill_time(self, segments: Sequence[tuple[int, int]]) -> float:
+        """Device seconds for a prefill-only batch of (prefix_len, new_len) segments."""
+        if not segments:
+            return 0.0
+        return self._device_time(self.prefill_flops(segments), self.bytes_per_gpu(segments))
+
+    def decode_time(self, context_lens: Sequence[int]) -> float:
+        """Device seconds for one decode token for each request (context_len = cached tokens)."""
+        if not context_lens:
+            return 0.0
+        return self._device_time(self.decode_flops(context_lens),
+                                 self.bytes_per_gpu((), context_lens))
+
+    def step_time(self, prefill_segments: Sequence[tuple[int, int]] = (),
+                  decode_context_lens: Sequence[int] = ()) -> float:
+        """Seconds for one engine step running both kinds together; 0.0 for an empty step."""
+        if not prefill_segments and not decode_context_lens:
+            return 0.0
+        flops = self.prefill_flops(prefill_segments) + self.decode_flops(decode_context_lens)
+        nbytes = self.bytes_per_gpu(prefill_segments, decode_context_lens)
+        return self._device_time(flops, nbytes) + self.step_overhead_s
+
+    # ---- conveniences ----------------------------------------------------------------------
+    def prefill_tokens_per_s(self, prompt_len: int = 4096, cached_len: int = 0) -> float:
+        """New tokens/s of a one-request prefill step (overhead included): prompt_len new tokens
+        computed after cached_len tokens found in the cache."""
+        return prompt_len / self.step_time([(cached_len, prompt_len)], ())
+
+    def decode_tokens_per_s(self, batch_size: int, context_len: int) -> float:
+        """Tokens/s of a decode step of batch_size requests, each with context_len cached."""
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        return batch_size / self.step_time((), [context_len] * batch_size)

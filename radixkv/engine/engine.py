@@ -1,0 +1,110 @@
+"""The engine loop: arrivals -> Scheduler.schedule -> executor.run -> Scheduler.process.
+
+Time is the executor's: a SimExecutor's step durations advance a virtual clock, a real
+executor's are measured. Nothing here knows which executor runs.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+from radixkv.cache.base import PrefixCache
+from radixkv.cache.pool import SlotPool
+from radixkv.config import EngineConfig
+from radixkv.engine.executor import Executor
+from radixkv.engine.metrics import EngineReport, RequestRecord
+from radixkv.sched.admission import round_up
+from radixkv.sched.request import Request, Status
+from radixkv.sched.scheduler import Scheduler
+
+
+def request_from_trace(tr, index: int, sampling=None, max_new_tokens: int | None = None,
+                       force: bool = True) -> Request:
+    """A scheduler Request from a workload TraceRequest (scripted output when it has one)."""
+    forced = tr.output if (force and tr.output is not None) else None
+    return Request(tr.id, tr.prompt, max_new_tokens or max(tr.output_len, 1), arrival=tr.arrival,
+                   forced_output=forced, extra_key=tr.extra_key, cache_salt=tr.cache_salt,
+                   priority=tr.priority, routing_key=tr.routing_key, sampling=sampling, index=index)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, cache: PrefixCache, executor: Executor,
+                 on_admit: Callable[[Request], object] | None = None):
+        self.config, self.cache, self.executor = config, cache, executor
+        self.pool = SlotPool(config.kv_capacity, cache.page_size)
+        self.sched = Scheduler(config.sched, cache, self.pool, on_admit=on_admit)
+        self.now = 0.0
+        self.requests: list[Request] = []
+        self.finished: list[Request] = []
+        self._arrivals: list[tuple[float, int, Request]] = []
+        self.steps = 0
+        self.timeline: dict[str, list] = {"t": [], "waiting": [], "running": [], "kv_used": []}
+
+    def add_request(self, req: Request) -> Request:
+        need = round_up(req.prompt_len + req.max_new_tokens, self.pool.page_size)
+        if need > self.config.kv_capacity:
+            raise ValueError(f"request {req.rid!r} needs {need} KV slots (prompt {req.prompt_len} "
+                             f"+ up to {req.max_new_tokens} new) but kv_capacity is "
+                             f"{self.config.kv_capacity}")
+        heapq.heappush(self._arrivals, (req.arrival, len(self.requests), req))
+        self.requests.append(req)
+        return req
+
+    def has_work(self) -> bool:
+        return bool(self._arrivals) or self.sched.has_work()
+
+    def step(self) -> bool:
+        """One scheduling round and executor run; False when there is nothing left to do."""
+        while self._arrivals and self._arrivals[0][0] <= self.now:
+            self.sched.add(heapq.heappop(self._arrivals)[2])
+        plan = self.sched.schedule(self.now)
+        if plan is None:
+            if not self._arrivals:
+                return self.sched.has_work()     # only possible with a stuck queue
+            self.now = max(self.now, self._arrivals[0][0])   # idle until the next arrival
+            return True
+        result = self.executor.run(plan)
+        self.now += result.duration
+        for req in self.sched.process(plan, result, self.now):
+            self.finished.append(req)
+            release = getattr(self.executor, "release", None)
+            if release is not None:
+                release(req.rid)
+        self.steps += 1
+        tl = self.timeline
+        tl["t"].append(self.now)
+        tl["waiting"].append(len(self.sched.waiting))
+        tl["running"].append(len(self.sched.running))
+        tl["kv_used"].append(self.pool.used())
+        if self.config.check_invariants:
+            self.check_invariants()
+        return True
+
+    def check_invariants(self) -> None:
+        self.cache.check_invariants()
+        self.pool.check_conservation(list(self.cache.held_slots()) + self.sched.held_slots())
+
+    def run_until_idle(self, progress: Callable[[int], object] | None = None,
+                       max_steps: int | None = None) -> EngineReport:
+        done = len(self.finished)
+        while self.has_work():
+            if not self.step():
+                break
+            if max_steps is not None and self.steps >= max_steps:
+                break
+            if progress is not None and len(self.finished) != done:
+                progress(len(self.finished) - done)
+                done = len(self.finished)
+        stuck = [r for r in self.requests if r.status is not Status.FINISHED]
+        if stuck and max_steps is None:
+            raise RuntimeError(f"{len(stuck)} requests never finished, e.g. {stuck[0]!r}")
+        return self.report()
+
+    def report(self) -> EngineReport:
+        recs = [RequestRecord.of(r) for r in self.finished]
+        c = self.sched.counters
+        first = min((r.arrival for r in self.requests), default=0.0)
+        last = max((r.finish_time for r in self.finished), default=first)
+        return EngineReport(self.config.label, recs, c.evicted_tokens, c.retractions, c.held_back,
+                            c.lpm_fallbacks, self.steps, last - first, self.config.kv_capacity,
+                            self.timeline)

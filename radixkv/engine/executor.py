@@ -1,0 +1,20 @@
+"""The executor protocol: run one BatchPlan, return the produced tokens and the step's duration.
+
+The scheduler and engine never know which executor runs: SimExecutor prices the plan with a
+cost model; TorchExecutor runs a model over the paged KV pool.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from radixkv.sched.batch import BatchPlan, Segment, StepResult
+
+__all__ = ["BatchPlan", "Executor", "Segment", "StepResult"]
+
+
+class Executor(Protocol):
+    name: str
+
+    def run(self, plan: BatchPlan) -> StepResult:
+        """Compute every segment's KV (written at its ctx_slots) and sample where asked."""
+        ...

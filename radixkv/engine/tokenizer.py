@@ -1,0 +1,112 @@
+"""Tokenizers: a built-in byte-level one (matches the tiny-* models) and local HF tokenizer.json."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0..255; bos=256, eos=257, pad=258 (vocab 259, as tiny-llama)."""
+
+    vocab_size = 259
+    bos_id = 256
+    eos_id = 257
+    pad_id = 258
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects str, got {type(text).__name__}")
+        ids = list(text.encode("utf-8"))
+        return [self.bos_id, *ids] if add_bos else ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Bytes to text (invalid UTF-8 becomes U+FFFD); specials dropped or shown as <bos> etc."""
+        names = {self.bos_id: "<bos>", self.eos_id: "<eos>", self.pad_id: "<pad>"}
+        out, buf = [], bytearray()
+        for i in ids:
+            i = int(i)
+            if 0 <= i < 256:
+                buf.append(i)
+            elif i in names:
+                if not skip_special:
+                    out.append(buf.decode("utf-8", errors="replace") + names[i])
+                    buf = bytearray()
+            else:
+                raise ValueError(f"token id {i} is outside the byte vocabulary [0, {self.vocab_size})")
+        out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+
+class HFTokenizer:
+    """A local tokenizer.json (file, or a directory holding it) through the `tokenizers` library.
+
+    bos/eos come from the arguments, else tokenizer_config.json beside the file, else None.
+    """
+
+    def __init__(self, path: str | Path, bos_token: str | None = None, eos_token: str | None = None):
+        from tokenizers import Tokenizer as _Tok
+
+        path = Path(path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if not file.is_file():
+            raise FileNotFoundError(f"no tokenizer file at {str(file)!r}")
+        try:
+            self._tok = _Tok.from_file(str(file))
+        except Exception as e:  # tokenizers raises a bare Exception on malformed files
+            raise ValueError(f"{file}: not a valid tokenizer.json ({e})") from None
+        extra = self._read_config(file.parent / "tokenizer_config.json")
+        self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
+        self.bos_id = self._token_id(bos_token or extra.get("bos_token"), file)
+        self.eos_id = self._token_id(eos_token or extra.get("eos_token"), file)
+
+    @staticmethod
+    def _read_config(path: Path) -> dict:
+        if not path.is_file():
+            return {}
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: malformed JSON ({e})") from None
+        # Special tokens may be plain strings or {"content": ...} objects.
+        return {k: (v.get("content") if isinstance(v, dict) else v) for k, v in cfg.items()
+                if k in ("bos_token", "eos_token")}
+
+    def _token_id(self, token: str | None, file: Path) -> int | None:
+        if token is None:
+            return None
+        tid = self._tok.token_to_id(token)
+        if tid is None:
+            raise ValueError(f"{file}: special token {token!r} is not in the vocabulary")
+        return tid
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if add_bos and self.bos_id is not None else ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+
+def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
+    """None -> ByteTokenizer; otherwise a tokenizer.json file or a directory holding one."""
+    if path is None:
+        return ByteTokenizer()
+    if not Path(path).exists():
+        raise FileNotFoundError(f"tokenizer path {str(path)!r} does not exist")
+    return HFTokenizer(path)

@@ -1,0 +1,222 @@
+"""Sequential replay: a workload through one prefix cache, one request at a time.
+
+Each request, in arrival order, is served as a batch-of-one server would serve it:
+
+1. match the prompt minus its last token (that token is always recomputed, as in vLLM's
+   len - 1 rule) and lock the hit;
+2. allocate slots for the rest of prompt + output from a `SlotPool` of `capacity` tokens,
+   evicting from the cache when the pool is short;
+3. insert prompt + output, free the duplicate slots (already cached by the time the insert
+   ran) and the unused tail of the last page, and unlock.
+
+The result is a frozen `ReplayStats`: hit tokens over prompt tokens, evicted tokens, cache
+footprint (peak nodes or blocks, orphaned and duplicate blocks) and CPU cost per request.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from radixkv.cache.base import PrefixCache
+from radixkv.cache.blockhash import BlockHashCache
+from radixkv.cache.events import HASH_ALGOS
+from radixkv.cache.factory import CACHES
+from radixkv.cache.key import RadixKey
+from radixkv.cache.nocache import NoCache
+from radixkv.cache.pool import SlotPool
+from radixkv.cache.radix import RadixCache
+from radixkv.workloads import TraceRequest
+
+FILLER_BASE = 2**31     # output ids made up for records without them: above any vocabulary
+
+
+@dataclass(frozen=True)
+class ReplayStats:
+    cache: str                   # registry name: radix | blockhash | none
+    label: str                   # name plus options: "radix p1 lru", "blockhash b16 sha256"
+    requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    hit_rate: float              # hit_tokens / prompt_tokens
+    evicted_tokens: int
+    orphan_blocks: int           # blockhash at the end; 0 otherwise
+    peak_nodes: int              # radix: peak num_nodes(); blockhash: peak cached blocks
+    duplicate_blocks: int        # blockhash: identical content cached twice; 0 otherwise
+    cpu_us_per_request: float
+    wall_s: float
+    capacity: int                # pool size in tokens (page-rounded)
+    hits: tuple[int, ...] = field(default=(), repr=False, compare=False)   # per request
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        del d["hits"]
+        return d
+
+
+def cache_name(cache: PrefixCache) -> str:
+    for name in CACHES:
+        if type(cache) is CACHES.get(name):
+            return name
+    return type(cache).__name__
+
+
+def cache_label(cache: PrefixCache) -> str:
+    if isinstance(cache, RadixCache):
+        return f"radix p{cache.page_size} {cache.eviction_policy}"
+    if isinstance(cache, BlockHashCache):
+        return f"blockhash b{cache.block_size} {cache.hash_algo}"
+    return cache_name(cache) if cache.page_size == 1 else f"{cache_name(cache)} p{cache.page_size}"
+
+
+def build_cache(name: str, page_size: int = 1, block_size: int = 16, eviction: str = "lru",
+                hash_algo: str = "sha256") -> PrefixCache:
+    """A cache by registry name with the replay options that apply to it (ValueError lists
+    the valid names of a bad cache, eviction policy or hash)."""
+    cls = CACHES.get(name)
+    if hash_algo not in HASH_ALGOS:
+        raise ValueError(f"unknown hash {hash_algo!r}; valid: {', '.join(HASH_ALGOS)}")
+    if cls is RadixCache:
+        return RadixCache(page_size=page_size, eviction_policy=eviction, hash_algo=hash_algo)
+    if cls is BlockHashCache:
+        return BlockHashCache(block_size=block_size, hash_algo=hash_algo)
+    if cls is NoCache:
+        return NoCache(page_size=page_size)
+    return cls()
+
+
+def _round_up(n: int, page: int) -> int:
+    return -(-n // page) * page
+
+
+def pool_size(requests: Iterable[TraceRequest], page_size: int, capacity: int | None) -> int:
+    """Slots for the pool: `capacity` rounded down to whole pages, or with capacity None the
+    workload's total page-rounded prompt + output tokens (nothing is ever evicted).
+    Raises ValueError when one request's page-rounded prompt + output exceeds it."""
+    reqs = list(requests)
+    need = [_round_up(len(r.prompt) + r.output_len, page_size) for r in reqs]
+    if capacity is None:
+        return max(sum(need), page_size)
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+        raise ValueError(f"capacity must be a positive number of tokens, got {capacity!r}")
+    slots = int(capacity) - int(capacity) % page_size
+    if slots < page_size:
+        raise ValueError(f"capacity {int(capacity):,} tokens is smaller than one page of {page_size}")
+    i = max(range(len(need)), key=need.__getitem__, default=None)
+    if i is not None and need[i] > slots:
+        raise ValueError(f"capacity {int(capacity):,} tokens is smaller than one request: "
+                         f"{reqs[i].id!r} needs {need[i]:,} (prompt + output in pages of {page_size})")
+    return slots
+
+
+def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int | None = None,
+           *, check: bool = False, progress: Callable[[int], Any] | None = None) -> ReplayStats:
+    """Replay `requests` (a Workload or any iterable of TraceRequest, in arrival order)
+    through `cache` (reset first). `check=True` asserts the cache invariants and slot
+    conservation after every request; `progress(n)` is called with the requests done so far
+    every 64 requests and at the end."""
+    reqs = list(requests)
+    ps = cache.page_size
+    slots_total = pool_size(reqs, ps, capacity)
+    pool = SlotPool(slots_total, page_size=ps)
+    cache.reset()
+    is_radix = isinstance(cache, RadixCache)
+    hits: list[int] = []
+    prompt_tokens = evicted = peak = filler = 0
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for i, r in enumerate(reqs):
+        key = RadixKey(r.prompt, r.extra_key, r.cache_salt)
+        m = cache.match_prefix(key[:-1])
+        cache.inc_lock_ref(m.last_node)
+        out: Any = r.output
+        if out is None:
+            out = (FILLER_BASE + (filler + np.arange(r.output_len)) % FILLER_BASE).astype(np.uint32)
+            filler += r.output_len
+        full = key + out if len(out) else key
+        n_new = len(full) - m.prefix_len
+        short = _round_up(n_new, ps) - pool.available()
+        while short > 0:
+            freed = cache.evict(short)
+            if not freed.size:
+                raise ValueError(f"capacity {slots_total:,} tokens is smaller than one request: "
+                                 f"{r.id!r} needs {n_new:,} more beyond its cached "
+                                 f"{m.prefix_len:,}, and nothing more is evictable")
+            evicted += freed.size
+            pool.free(freed)
+            short = _round_up(n_new, ps) - pool.available()
+        new = pool.alloc(n_new)
+        slots = np.concatenate((m.slots, new)) if m.prefix_len else new
+        res = cache.insert(full, slots[:len(full)])
+        stored = len(full) - len(full) % ps
+        pool.free(np.concatenate((slots[m.prefix_len:res.prefix_len], slots[stored:])))
+        cache.dec_lock_ref(m.last_node)
+        hits.append(m.prefix_len)
+        prompt_tokens += len(r.prompt)
+        if is_radix:
+            peak = max(peak, cache.num_nodes())
+        if check:
+            cache.check_invariants()
+            pool.check_conservation(cache.held_slots())
+        if progress is not None and (i + 1) % 64 == 0:
+            progress(i + 1)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    if progress is not None:
+        progress(len(reqs))
+    bh = cache if isinstance(cache, BlockHashCache) else None
+    hit_tokens = sum(hits)
+    return ReplayStats(
+        cache=cache_name(cache), label=cache_label(cache), requests=len(reqs),
+        prompt_tokens=prompt_tokens, hit_tokens=hit_tokens,
+        hit_rate=hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+        evicted_tokens=evicted, orphan_blocks=bh.orphan_blocks() if bh else 0,
+        peak_nodes=bh.peak_blocks if bh else peak,
+        duplicate_blocks=bh.duplicate_blocks if bh else 0,
+        cpu_us_per_request=cpu * 1e6 / len(reqs) if reqs else 0.0, wall_s=wall,
+        capacity=slots_total, hits=tuple(hits))
+
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_CAPACITY = re.compile(r"\s*(\d[\d_,]*(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+
+
+def parse_capacity(text: str | int, kv_bytes_per_token: int | None = None) -> int:
+    """A capacity in tokens from a token count ("3000000", "3_000_000", "3,000,000") or a
+    byte size ("40GiB", "1.5 TB"; B, KB, MB, GB, TB decimal, KiB..TiB binary), which needs
+    `kv_bytes_per_token` (rounded down to whole tokens)."""
+    if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
+        if text < 1:
+            raise ValueError(f"capacity must be at least 1 token, got {text!r}")
+        return int(text)
+    m = _CAPACITY.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"bad capacity {text!r}: expected a token count such as 3000000 or "
+                         f"a byte size such as 40GiB")
+    number, unit = m.group(1).replace("_", "").replace(",", ""), m.group(2).lower()
+    if not unit or unit in ("t", "tok", "tokens"):
+        if "." in number:
+            raise ValueError(f"bad capacity {text!r}: a token count must be a whole number")
+        tokens = int(number)
+    else:
+        if unit not in _UNITS:
+            raise ValueError(f"bad capacity {text!r}: unknown unit {m.group(2)!r}; valid: B, KB, "
+                             f"MB, GB, TB, KiB, MiB, GiB, TiB (or none for tokens)")
+        if kv_bytes_per_token is None:
+            raise ValueError(f"capacity {text!r} is a byte size: give the KV bytes per token "
+                             f"(--kv-bytes-per-token) to turn it into tokens")
+        if isinstance(kv_bytes_per_token, bool) or not isinstance(kv_bytes_per_token, int) \
+                or kv_bytes_per_token < 1:
+            raise ValueError(f"kv_bytes_per_token must be a positive int, got {kv_bytes_per_token!r}")
+        try:
+            nbytes = Decimal(number) * _UNITS[unit]
+        except InvalidOperation:
+            raise ValueError(f"bad capacity {text!r}") from None
+        tokens = int(nbytes // kv_bytes_per_token)
+    if tokens < 1:
+        raise ValueError(f"capacity {text!r} is less than one token"
+                         + (f" at {kv_bytes_per_token:,} bytes per token" if unit else ""))
+    return tokens

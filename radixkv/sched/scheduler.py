@@ -1,0 +1,202 @@
+"""The scheduler: waiting queue -> prefill batches -> decode steps -> finished, with retraction.
+
+One round (`schedule`) builds a BatchPlan: a chunked request in progress continues first, then
+waiting requests are admitted in policy order (held back by in-batch dedup when a batch-mate
+will prefill their prefix), and when no prefill is formed (or mixed_decode is on) every
+running request decodes one token. `process` applies the executor's result: prompts enter the
+cache after prefill (cache_unfinished_req), requests leave it at finish (cache_finished_req).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from radixkv.cache.base import PrefixCache
+from radixkv.cache.nocache import NoCache
+from radixkv.cache.pool import EMPTY_SLOTS, SlotPool
+from radixkv.config import SchedulerConfig
+from radixkv.sched.batch import BatchPlan, Segment, StepResult
+from radixkv.sched.admission import AddResult, Counters, PrefillAdder, alloc_slots, round_up
+from radixkv.sched.policy import QUEUE_ORDERS, InBatchDedup, MatchMemo, OrderContext
+from radixkv.sched.request import Request, Status
+
+log = logging.getLogger(__name__)
+
+_VICTIM_KEYS: dict[str, Callable[[Request], tuple]] = {
+    # larger key = retracted first
+    "most-remaining": lambda r: (r.remaining_decode, -len(r.output), r.index),
+    "least-progress": lambda r: (-len(r.output), r.prompt_len, r.index),
+    "newest": lambda r: (r.first_admit or 0.0, r.index),
+}
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, cache: PrefixCache, pool: SlotPool,
+                 on_admit: Callable[[Request], Any] | None = None):
+        if pool.page_size != cache.page_size:
+            raise ValueError(f"pool page size {pool.page_size} != cache page size {cache.page_size}")
+        self.cfg, self.cache, self.pool = cfg, cache, pool
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.chunked: Request | None = None
+        self.order = QUEUE_ORDERS.get(cfg.policy)
+        self.memo = MatchMemo(cache)
+        self.ctx = OrderContext(self.running, cfg.seed)
+        self.counters = Counters()
+        self.new_token_ratio = cfg.init_new_token_ratio
+        self.on_admit = on_admit
+
+    def add(self, req: Request) -> None:
+        req.status = Status.WAITING
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked)
+
+    # ---- one round ----------------------------------------------------------------------------
+    def schedule(self, now: float) -> BatchPlan | None:
+        plan = BatchPlan()
+        self._schedule_prefill(plan, now)
+        if self.running and (not plan.extends or self.cfg.mixed_decode):
+            self._schedule_decode(plan)
+        return plan if plan else None
+
+    def _reserved(self) -> int:
+        reqs = self.running + ([self.chunked] if self.chunked else [])
+        return sum(math.ceil(r.remaining_decode * self.new_token_ratio) for r in reqs)
+
+    def _ordered_waiting(self) -> list[Request]:
+        cfg = self.cfg
+        if (cfg.policy in ("lpm", "dfs-weight") and cfg.lpm_fallback_threshold
+                and len(self.waiting) > cfg.lpm_fallback_threshold):
+            self.counters.lpm_fallbacks += 1
+            log.warning("%d waiting > %d: %s falls back to fcfs this round", len(self.waiting),
+                        cfg.lpm_fallback_threshold, cfg.policy)
+            return QUEUE_ORDERS.get("fcfs")(self.waiting, self.memo, self.ctx)
+        return self.order(self.waiting, self.memo, self.ctx)
+
+    def _schedule_prefill(self, plan: BatchPlan, now: float) -> None:
+        cfg = self.cfg
+        adder = PrefillAdder(self.cache, self.pool, cfg.prefill_budget, cfg.chunked_prefill_size > 0,
+                             self._reserved(), self.new_token_ratio, self.counters)
+        if self.chunked is not None:
+            req = self.chunked
+            if adder.add_chunk(req) is AddResult.ADDED:
+                self.chunked = None
+        if self.waiting and self.chunked is None:
+            room = cfg.max_running_requests - len(self.running)
+            dedup = None                          # holding back only helps when prefixes can be shared
+            if cfg.dedup and not isinstance(self.cache, NoCache):
+                dedup = InBatchDedup(cfg.dedup_check_threshold, cfg.dedup_hold_threshold)
+            admitted: set[int] = set()
+            for req in self._ordered_waiting():
+                if len(adder.admitted) >= room:
+                    break
+                if dedup is not None and dedup.should_hold(req, self.memo.get(req)[0]):
+                    self.counters.held_back += 1
+                    continue
+                res = adder.add(req)
+                if res in (AddResult.NO_TOKENS, AddResult.NO_MEMORY):
+                    break
+                admitted.add(id(req))
+                self.memo.forget(req)
+                if dedup is not None:
+                    dedup.admitted(req)
+                self._on_first_admit(req, now)
+                req.status = Status.PREFILL
+                if res is AddResult.CHUNKED:
+                    self.chunked = req
+                    break
+            if admitted:
+                self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        for req, n in adder.admitted:
+            s = req.num_computed
+            plan.extends.append(Segment(req, s, req.tokens[s:s + n], req.slots[:s + n],
+                                        sample=s + n == req.fill_len))
+
+    def _on_first_admit(self, req: Request, now: float) -> None:
+        if req.first_admit is None:
+            req.first_admit = now
+            req.cached_tokens = req.cached_len
+        if self.on_admit is not None:
+            self.on_admit(req)
+
+    def _schedule_decode(self, plan: BatchPlan) -> None:
+        ps = self.pool.page_size
+        while True:
+            needy = [r for r in self.running if len(r.slots) <= r.num_computed]
+            if len(needy) * ps <= self.pool.available() + self.cache.evictable_size():
+                break
+            self.retract(max(self.running, key=_VICTIM_KEYS[self.cfg.retract_policy]))
+        if needy:
+            new = alloc_slots(self.pool, self.cache, len(needy) * ps, self.counters)
+            for i, r in enumerate(needy):
+                r.extend_slots(new[i * ps:(i + 1) * ps])
+        for r in self.running:
+            n = r.num_computed
+            plan.decodes.append(Segment(r, n, r.tokens[n:n + 1], r.slots[:n + 1], sample=True))
+        self.new_token_ratio = max(self.cfg.min_new_token_ratio,
+                                   self.new_token_ratio - self.cfg.new_token_ratio_decay)
+
+    # ---- retraction ---------------------------------------------------------------------------
+    def retract(self, req: Request) -> None:
+        """Release a running request's slots and send it back to waiting. With retract_insert
+        its computed KV enters the cache first, so its re-admission can hit."""
+        if self.cfg.retract_insert:
+            self.pool.free(self.cache.cache_unfinished_req(req))
+        self._release(req)
+        self.running.remove(req)
+        req.status = Status.WAITING
+        req.retractions += 1
+        self.counters.retractions += 1
+        self.new_token_ratio = self.cfg.init_new_token_ratio
+        self.waiting.append(req)
+        log.debug("retracted %r", req)
+
+    def _release(self, req: Request) -> None:
+        self.pool.free(req.slots[req.cached_len:])
+        if req.last_node is not None:
+            self.cache.dec_lock_ref(req.last_node)
+        req.slots, req.cached_len, req.last_node, req.num_computed = EMPTY_SLOTS, 0, None, 0
+
+    # ---- results ------------------------------------------------------------------------------
+    def process(self, plan: BatchPlan, result: StepResult, now: float) -> list[Request]:
+        """Apply one step's result; returns the requests that finished."""
+        finished = []
+        n_ext = len(plan.extends)
+        for i, (seg, tok) in enumerate(zip(plan.segments, result.tokens)):
+            req = seg.req
+            req.num_computed += seg.n
+            if i < n_ext:
+                req.prefill_tokens += seg.n
+                if req.retractions:
+                    req.recomputed_tokens += seg.n
+            if not seg.sample:                    # a chunk: cache the computed part, keep the lock
+                self.pool.free(self.cache.cache_unfinished_req(req))
+                continue
+            if req.first_token is None:
+                req.first_token = now
+            if req.accept(req.next_token(tok)):
+                self._finish(req, now)
+                finished.append(req)
+            elif i < n_ext:                       # prefill complete: share the prompt, decode next
+                self.pool.free(self.cache.cache_unfinished_req(req))
+                req.status = Status.RUNNING
+                self.running.append(req)
+        return finished
+
+    def _finish(self, req: Request, now: float) -> None:
+        self.pool.free(self.cache.cache_finished_req(req))
+        req.slots, req.cached_len, req.last_node = EMPTY_SLOTS, 0, None
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+        req.status = Status.FINISHED
+        req.finish_time = now
+
+    def held_slots(self) -> list[np.ndarray]:
+        """Slots held by requests (beyond the cache's share): for the conservation check."""
+        reqs = self.running + ([self.chunked] if self.chunked else [])
+        return [r.slots[r.cached_len:] for r in reqs]

@@ -1,0 +1,293 @@
+"""BlockHashCache: exact block ids and free-queue order, the len - 1 rule, namespaces,
+orphans, duplicates, equivalence with RadixCache at page = block size, and bad input."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from radixkv.cache.base import CacheReq
+from radixkv.cache.blockhash import BlockHashCache
+from radixkv.cache.events import chain_hash
+from radixkv.cache.pool import SlotPool
+from radixkv.cache.radix import RadixCache
+from radixkv.replay import replay
+from radixkv.workloads import make_workload
+
+from tests.cache._helpers import key, toks
+
+
+def ids(chain) -> list[int]:
+    return [b.id for b in chain]
+
+
+def refs(c: BlockHashCache) -> dict[int, int]:
+    return {bid: b.ref_cnt for bid, b in sorted(c.blocks.items())}
+
+
+def snap(c: BlockHashCache) -> tuple:
+    return (sorted((b.id, b.hash, b.parent_hash, b.ref_cnt) for b in c.blocks.values()),
+            c.free_queue_ids(), sorted((h, sorted(v)) for h, v in c.by_hash.items()),
+            c.duplicate_blocks, c.peak_blocks, c.evictable_size(), c.protected_size())
+
+
+def serve(c: BlockHashCache, pool: SlotPool, prompt, output=(), ns=(None, None)) -> int:
+    """One request as a sequential replay serves it; returns its hit tokens."""
+    k = key(list(prompt) + list(output), ns)
+    m = c.lookup(k[:len(prompt)])
+    c.inc_lock_ref(m.last_node)
+    n_new, bs = len(k) - m.prefix_len, c.block_size
+    short = -(-n_new // bs) * bs - pool.available()
+    if short > 0:
+        pool.free(c.evict(short))
+    slots = np.concatenate([m.slots, pool.alloc(n_new)])
+    res = c.insert(k, slots[:len(k)])
+    stored = len(k) - len(k) % bs
+    pool.free(np.concatenate([slots[m.prefix_len:res.prefix_len], slots[stored:]]))
+    c.dec_lock_ref(m.last_node)
+    return m.prefix_len
+
+
+# ---- the scripted sequence -----------------------------------------------------------------
+@pytest.mark.parametrize("algo", ["sha256", "xxhash"])
+def test_scripted_miss_hit_in_use_hit_after_free_miss_after_eviction(algo):
+    c, pool = BlockHashCache(block_size=4, hash_algo=algo), SlotPool(32, page_size=4)
+    A, B, C = toks(0, 12) + [900], toks(0, 8) + toks(100, 5), toks(0, 12) + [200]
+
+    # A misses; its 3 full blocks get ids 0, 1, 2 (the pool hands out low pages first)
+    m = c.lookup(key(A))
+    assert (m.prefix_len, m.last_node) == (0, ())
+    new = pool.alloc(len(A))
+    assert new.tolist() == list(range(16))
+    res = c.insert(key(A), new[:len(A)])
+    assert res.prefix_len == 0 and ids(res.last_node) == [0, 1, 2]
+    assert c.free_queue_ids() == [2, 1, 0]                 # unreferenced, last block first
+    pool.free(new[12:])                                   # the partial block's page
+    c.inc_lock_ref(res.last_node)                         # A is running
+    a_chain = res.last_node
+    assert c.free_queue_ids() == [] and refs(c) == {0: 1, 1: 1, 2: 1}
+
+    # B hits A's first two blocks while A is still running: ref counts 2
+    m = c.lookup(key(B))
+    assert m.prefix_len == 8 and ids(m.last_node) == [0, 1] and m.slots.tolist() == list(range(8))
+    c.inc_lock_ref(m.last_node)
+    assert refs(c) == {0: 2, 1: 2, 2: 1} and c.free_queue_ids() == []
+    new = pool.alloc(len(B) - 8)
+    assert new.tolist() == list(range(12, 20))            # page 3 (freed above) then page 4
+    slots = np.concatenate([m.slots, new])
+    res = c.insert(key(B), slots[:len(B)])
+    assert res.prefix_len == 8 and ids(res.last_node) == [0, 1, 3]
+    assert c.free_queue_ids() == [3]
+    pool.free(slots[12:])
+    c.dec_lock_ref(m.last_node)                           # B finishes; A still holds 0, 1
+    assert refs(c) == {0: 1, 1: 1, 2: 1, 3: 0} and c.free_queue_ids() == [3]
+
+    # A finishes: its blocks reach the tail last block first
+    c.dec_lock_ref(a_chain)
+    assert refs(c) == {0: 0, 1: 0, 2: 0, 3: 0} and c.free_queue_ids() == [3, 2, 1, 0]
+
+    # C hits all of A's blocks from the free queue; a hit takes them out, the finish puts
+    # them back at the tail in reverse order
+    m = c.lookup(key(C))
+    assert m.prefix_len == 12 and ids(m.last_node) == [0, 1, 2]
+    c.inc_lock_ref(m.last_node)
+    assert c.free_queue_ids() == [3] and refs(c) == {0: 1, 1: 1, 2: 1, 3: 0}
+    new = pool.alloc(1)
+    assert new.tolist() == list(range(16, 20))
+    slots = np.concatenate([m.slots, new])
+    res = c.insert(key(C), slots[:len(C)])
+    assert res.prefix_len == 12 and ids(res.last_node) == [0, 1, 2]
+    pool.free(slots[12:])
+    c.dec_lock_ref(m.last_node)
+    assert c.free_queue_ids() == [3, 2, 1, 0]
+    pool.check_conservation(c.held_slots())
+
+    # eviction pops the head: B's leaf, then A's last block; C now hits only two blocks
+    freed = c.evict(8)
+    assert freed.tolist() == list(range(12, 16)) + list(range(8, 12))
+    pool.free(freed)
+    assert c.free_queue_ids() == [1, 0] and c.lookup(key(C)).prefix_len == 8
+    freed = c.evict(100)
+    assert freed.tolist() == list(range(4, 8)) + list(range(0, 4))
+    pool.free(freed)
+    assert c.free_queue_ids() == [] and c.num_blocks() == 0
+    m = c.lookup(key(A))
+    assert (m.prefix_len, m.last_node) == (0, ())
+    assert pool.available() == 32
+    pool.check_conservation(c.held_slots())
+    c.check_invariants()
+
+
+def test_len_minus_one_rule():
+    c = BlockHashCache(block_size=4)
+    c.insert(key(toks(0, 8)), np.arange(8))
+    assert c.lookup(key(toks(0, 8))).prefix_len == 4          # exactly 2 blocks: only 1 hits
+    assert ids(c.lookup(key(toks(0, 8))).last_node) == [0]
+    assert c.lookup(key(toks(0, 9))).prefix_len == 8          # 2 blocks + 1 token: both hit
+    assert c.match_prefix(key(toks(0, 8))).prefix_len == 8    # no rule without lookup
+    assert c.lookup(key(toks(0, 5))).prefix_len == 4
+    assert c.lookup(key(toks(0, 4))).prefix_len == 0
+    assert c.lookup(key([])).prefix_len == 0
+
+
+def test_namespace_isolation_and_salt_chains_through_every_block():
+    c = BlockHashCache(block_size=4)
+    T = toks(0, 12)
+    c.insert(key(T), np.arange(12))
+    assert c.lookup(key(T + [1])).prefix_len == 12
+    assert c.lookup(key(T + [1], ns=(None, "tenant-a"))).prefix_len == 0
+    assert c.lookup(key(T + [1], ns=("lora-1", None))).prefix_len == 0
+    plain, salted = c.block_hashes(key(T)), c.block_hashes(key(T, ns=(None, "tenant-a")))
+    assert len(salted) == 3 and set(plain).isdisjoint(salted)
+    # the salt enters the first block only; later blocks differ through the chain alone
+    k = key(T)
+    assert salted[0] == chain_hash(None, (None, "tenant-a"), k.page(0, 4))
+    assert salted[1] == chain_hash(salted[0], (None, None), k.page(1, 4))
+    assert salted[2] == chain_hash(salted[1], (None, None), k.page(2, 4))
+    lora = c.block_hashes(key(T, ns=("lora-1", None)))
+    assert lora[1] == chain_hash(lora[0], ("lora-1", None), k.page(1, 4))   # extra key: every block
+
+
+def test_finished_request_blocks_go_to_the_tail_in_reverse_order():
+    c, pool = BlockHashCache(block_size=4), SlotPool(64, page_size=4)
+    serve(c, pool, toks(500, 8))                               # an older entry: blocks 0, 1
+    assert c.free_queue_ids() == [1, 0]
+    req = CacheReq(key=key(toks(0, 18)), slots=pool.alloc(18))   # blocks 2..5 + a partial page
+    assert pool.free(c.cache_finished_req(req)) is None
+    assert c.free_queue_ids() == [1, 0, 5, 4, 3, 2]
+    # a later request that hit the first two blocks: all its blocks return reversed
+    P = toks(0, 8) + toks(50, 9)
+    m = c.lookup(key(P))
+    assert ids(m.last_node) == [2, 3]
+    c.inc_lock_ref(m.last_node)
+    slots = np.concatenate([m.slots, pool.alloc(len(P) - 8)])
+    req = CacheReq(key=key(P), slots=slots, cached_len=8, last_node=m.last_node)
+    pool.free(c.cache_finished_req(req))
+    assert c.free_queue_ids() == [1, 0, 5, 4, 7, 6, 3, 2]         # new 6, 7; then 3, 2
+    pool.check_conservation(c.held_slots())
+
+
+# ---- orphans and duplicates ----------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(4))
+def test_no_orphans_under_normal_flow(seed):
+    rng = np.random.default_rng(seed)
+    c, pool = BlockHashCache(block_size=4), SlotPool(256, page_size=4)
+    seqs: list[list[int]] = [toks(0, 60)]
+    for _ in range(400):
+        base = seqs[rng.integers(len(seqs))]
+        cut = int(rng.integers(1, len(base) + 1))
+        prompt = (base[:cut] + rng.integers(0, 3, rng.integers(0, 40)).tolist())[:200]
+        output = rng.integers(0, 3, rng.integers(0, 9)).tolist()
+        serve(c, pool, prompt, output)
+        seqs.append(prompt + output)
+        assert c.orphan_blocks() == 0
+        c.check_invariants()
+        pool.check_conservation(c.held_slots())
+    assert c.peak_blocks == 64 and c.duplicate_blocks > 0       # eviction and duplicates ran
+
+
+def test_forward_order_free_creates_orphans():
+    c = BlockHashCache(block_size=4)
+    P = toks(0, 12) + [7]
+    chain = c.insert(key(P), np.arange(13)).last_node
+    c.inc_lock_ref(chain)
+    for b in chain:                                           # parent first, on purpose
+        c.dec_lock_ref((b,))
+    assert c.free_queue_ids() == [0, 1, 2]
+    assert c.evict(1).tolist() == [0, 1, 2, 3]                # the root block goes first
+    assert c.orphan_blocks() == 1 and c.num_blocks() == 2     # block 1 lost its parent
+    assert c.lookup(key(P)).prefix_len == 0                   # cached but unreachable
+    c.evict(1)
+    assert c.orphan_blocks() == 1 and ids(c.blocks.values()) == [2]
+    c.evict(1)
+    assert c.orphan_blocks() == 0 and c.num_blocks() == 0
+    c.check_invariants()
+
+
+def test_duplicate_blocks_when_two_requests_miss_the_same_prefix():
+    c, pool = BlockHashCache(block_size=4), SlotPool(64, page_size=4)
+    P = toks(0, 8) + [99]
+    ma, mb = c.lookup(key(P)), c.lookup(key(P))               # both miss: nothing cached yet
+    assert ma.prefix_len == mb.prefix_len == 0
+    sa, sb = pool.alloc(len(P)), pool.alloc(len(P))
+    ra = c.insert(key(P), sa[:len(P)])
+    rb = c.insert(key(P), sb[:len(P)])
+    assert (ra.prefix_len, rb.prefix_len) == (0, 0)           # B's blocks are not duplicates to free
+    assert ids(ra.last_node) == [0, 1] and ids(rb.last_node) == [3, 4]
+    assert c.duplicate_blocks == 2 and c.num_blocks() == 4
+    assert sorted(len(v) for v in c.by_hash.values()) == [2, 2]
+    assert c.free_queue_ids() == [1, 0, 4, 3]
+    assert ids(c.lookup(key(P + [1])).last_node) == [0, 1]   # the first copy serves hits
+    pool.free(np.concatenate([sa[8:], sb[8:]]))
+    pool.check_conservation(c.held_slots())
+    c.check_invariants()
+
+
+# ---- equivalence with the radix tree -------------------------------------------------------
+SMALL = {
+    "support": dict(num_users=8, turns=3, system_len=100, fewshot_len=150, rag_len=200,
+                    msg_len=(5, 40), reply_len=(5, 60)),
+    "fewshot": dict(num_questions=40, preamble_len=300, question_len=(5, 50), output_len=(0, 30)),
+    "multiturn": dict(num_users=8, turns=4, system_len=37, msg_len=(5, 40), reply_len=(0, 50)),
+    "rag": dict(num_requests=40, num_docs=10, doc_len=100, system_len=30,
+                question_len=(5, 30), output_len=(0, 30)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("bs", [16, 7])
+def test_hits_equal_radix_at_page_size_block_size(name, bs):
+    w = make_workload(name, **SMALL[name])
+    radix = replay(w, RadixCache(page_size=bs))
+    blocks = replay(w, BlockHashCache(block_size=bs), check=True)
+    assert blocks.hits == radix.hits and blocks.hit_tokens > 0
+    assert blocks.orphan_blocks == 0
+
+
+# ---- bad input -----------------------------------------------------------------------------
+def _populated():
+    c = BlockHashCache(block_size=4)
+    chain = c.insert(key(toks(0, 8)), np.arange(8)).last_node
+    c.insert(key(toks(100, 8)), np.arange(8, 16))
+    c.inc_lock_ref(chain[:1])
+    return c, chain
+
+
+BAD = {
+    "not whole blocks": lambda c, ch: c.insert(key(toks(0, 8)), np.arange(1, 9)),
+    "wrong slot count": lambda c, ch: c.insert(key(toks(0, 8)), np.arange(16, 23)),
+    "negative slots": lambda c, ch: c.insert(key(toks(50, 8)), np.arange(-8, 0)),
+    "ids hold other content": lambda c, ch: c.insert(key(toks(50, 8)), np.arange(0, 8)),
+    "unreferenced block": lambda c, ch: c.dec_lock_ref(ch[1:]),
+    "one ref listed twice": lambda c, ch: c.dec_lock_ref((ch[0], ch[0])),
+    "not a tuple": lambda c, ch: c.dec_lock_ref([ch[0]]),
+    "not blocks": lambda c, ch: c.inc_lock_ref((ch[0], "x")),
+    "evict -1": lambda c, ch: c.evict(-1),
+    "evict 1.5": lambda c, ch: c.evict(1.5),
+    "evict True": lambda c, ch: c.evict(True),
+}
+
+
+@pytest.mark.parametrize("bad", BAD.values(), ids=BAD.keys())
+def test_bad_input_raises_and_changes_nothing(bad):
+    c, chain = _populated()
+    before = snap(c)
+    with pytest.raises((ValueError, TypeError)):
+        bad(c, chain)
+    assert snap(c) == before
+    c.check_invariants()
+
+
+def test_evicted_chain_is_rejected():
+    c, chain = _populated()
+    c.dec_lock_ref(chain[:1])
+    c.evict(100)
+    with pytest.raises(ValueError, match="no longer cached"):
+        c.inc_lock_ref(chain)
+    assert c.num_blocks() == 0 and c.free_queue_ids() == []
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="block_size"):
+        BlockHashCache(block_size=0)
+    with pytest.raises(ValueError, match="md5"):
+        BlockHashCache(hash_algo="md5")

@@ -1,0 +1,185 @@
+"""Sequential replay: slot conservation, the radix-vs-blockhash arithmetic, the CLI, capacity
+parsing and errors, and the Mooncake trace's hit rate."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from radixkv.cache.blockhash import BlockHashCache
+from radixkv.cache.nocache import NoCache
+from radixkv.cache.radix import RadixCache
+from radixkv.cli import main
+from radixkv.replay import build_cache, parse_capacity, replay
+from radixkv.workloads import TraceRequest, Workload, load_workload, make_workload
+
+MOONCAKE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/synthetic_trace.jsonl"
+SMALL = {
+    "support": dict(num_users=6, turns=3, system_len=100, fewshot_len=150, rag_len=200,
+                    msg_len=(5, 40), reply_len=(5, 60)),
+    "multiturn": dict(num_users=6, turns=4, system_len=20, msg_len=(5, 40), reply_len=(0, 50)),
+    "rag": dict(num_requests=30, num_docs=8, doc_len=100, system_len=30, question_len=(5, 30),
+                output_len=(0, 30)),
+}
+CACHES = {"radix-p1": lambda: RadixCache(), "radix-p16": lambda: RadixCache(page_size=16),
+          "blockhash": lambda: BlockHashCache(block_size=16), "none": lambda: NoCache()}
+
+
+@pytest.mark.parametrize("capacity", [None, 600])
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_small_workloads_conserve_slots(name, capacity):
+    w = make_workload(name, **SMALL[name])
+    stats = {c: replay(w, make(), capacity, check=True) for c, make in CACHES.items()}
+    for s in stats.values():
+        assert s.requests == len(w) and s.prompt_tokens == w.num_prompt_tokens
+        assert s.hit_rate == pytest.approx(s.hit_tokens / s.prompt_tokens)
+        assert s.orphan_blocks == 0 and s.cpu_us_per_request > 0
+    assert stats["none"].hit_rate == 0 and stats["none"].evicted_tokens == 0
+    if capacity is None:                         # under pressure the eviction orders differ
+        assert stats["radix-p1"].hit_tokens >= stats["blockhash"].hit_tokens > 0
+        assert all(s.evicted_tokens == 0 for s in stats.values())
+        assert all(a >= b for a, b in zip(stats["radix-p1"].hits, stats["blockhash"].hits))
+    else:
+        assert stats["radix-p1"].evicted_tokens > 0 and stats["blockhash"].evicted_tokens > 0
+
+
+def test_radix_advantage_is_block_granularity_on_support():
+    """Unlimited capacity: every request diverges from the cache at one point, and a radix
+    tree at page 1 keeps the up to 15 tokens past the last whole 16-token block there."""
+    w = make_workload("support", num_users=20, turns=5)
+    radix, blocks = replay(w, RadixCache()), replay(w, BlockHashCache(block_size=16))
+    diffs = [r - b for r, b in zip(radix.hits, blocks.hits)]
+    assert min(diffs) >= 0 and max(diffs) <= 15
+    assert radix.hit_tokens - blocks.hit_tokens == sum(diffs)
+    print(f"\nsupport 20x5: {radix.requests} requests, {radix.prompt_tokens:,} prompt tokens; "
+          f"radix p1 hits {radix.hit_tokens:,} ({radix.hit_rate:.4f}), blockhash b16 hits "
+          f"{blocks.hit_tokens:,} ({blocks.hit_rate:.4f}); difference {sum(diffs):,} = "
+          f"{sum(diffs) / len(diffs):.2f} tokens/request, max {max(diffs)}")
+    radix16 = replay(w, RadixCache(page_size=16))
+    assert radix16.hits == blocks.hits and radix16.hit_tokens == blocks.hit_tokens
+
+
+def test_filler_outputs_create_no_sharing():
+    P = list(range(1, 41))
+    reqs = [TraceRequest("a", 0, P, output_len=5), TraceRequest("b", 1, P, output_len=5),
+            TraceRequest("c", 2, P + [7, 8, 9], output_len=0)]
+    s = replay(Workload("w", reqs), RadixCache(), check=True)
+    assert s.hits == (0, 39, 40)                         # the len - 1 rule, then the prompt only
+    # root, P[:39] and [P[39]] (split by b's match), the two distinct filler leaves, c's leaf
+    assert s.peak_nodes == 6
+
+
+def test_namespaces_are_replayed():
+    P = list(range(100))
+    reqs = [TraceRequest("a", 0, P, output=[1]), TraceRequest("b", 1, P, output=[1], cache_salt="s"),
+            TraceRequest("c", 2, P, output=[1], extra_key="lora")]
+    for make in CACHES.values():
+        assert replay(Workload("w", reqs), make(), check=True).hit_tokens == 0
+
+
+def test_capacity_smaller_than_one_request():
+    w = make_workload("support", **SMALL["support"])
+    biggest = max(len(r.prompt) + r.output_len for r in w)
+    with pytest.raises(ValueError, match=f"capacity {biggest - 1:,} tokens is smaller than one "
+                                         f"request: .* needs {biggest:,}"):
+        replay(w, RadixCache(), capacity=biggest - 1)
+    assert replay(w, RadixCache(), capacity=biggest, check=True).evicted_tokens > 0
+    with pytest.raises(ValueError, match="smaller than one request"):
+        replay(w, BlockHashCache(block_size=16), capacity=biggest + 1)     # page rounding
+    with pytest.raises(ValueError, match="one page of 16"):
+        replay(w, BlockHashCache(block_size=16), capacity=15)
+
+
+def test_parse_capacity():
+    assert parse_capacity("3000000") == parse_capacity("3_000_000") == 3_000_000
+    assert parse_capacity("3,000,000") == parse_capacity(3_000_000) == 3_000_000
+    assert parse_capacity("40GiB", kv_bytes_per_token=327_680) == 131_072
+    assert parse_capacity("1.5 GB", kv_bytes_per_token=1000) == 1_500_000
+    assert parse_capacity("1000 B", kv_bytes_per_token=3) == 333
+    for text, kv, msg in [("40GiB", None, "kv-bytes-per-token"), ("abc", None, "'abc'"),
+                          ("0", None, "less than one token"), ("1.5", None, "whole number"),
+                          ("10 parsecs", None, "unknown unit 'parsecs'"),
+                          ("1B", 2, "less than one token"), ("-5", None, "'-5'"),
+                          ("1GiB", 0, "kv_bytes_per_token")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_capacity(text, kv)
+
+
+def test_build_cache_names():
+    assert isinstance(build_cache("radix", page_size=4), RadixCache)
+    assert build_cache("blockhash", block_size=8, hash_algo="xxhash").block_size == 8
+    with pytest.raises(ValueError, match="unknown cache 'lru'; valid: radix, blockhash, none"):
+        build_cache("lru")
+    with pytest.raises(ValueError, match="unknown eviction policy 'old'"):
+        build_cache("radix", eviction="old")
+
+
+# ---- the command line ----------------------------------------------------------------------
+def test_cli_replay_json(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["replay", "support", "--cache", "radix", "blockhash", "none", "--limit", "300",
+               "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    for word in ("workload support: 300 requests", "capacity: unlimited", "hit rate",
+                 "peak nodes/blocks", "CPU µs/request", "radix p1 lru", "none"):
+        assert word in text
+    rows = json.loads(out.read_text())
+    keys = {"cache", "requests", "prompt_tokens", "hit_tokens", "hit_rate", "evicted_tokens",
+            "orphan_blocks", "cpu_us_per_request"}
+    assert [r["cache"] for r in rows] == ["radix", "blockhash", "none"]
+    for r in rows:
+        assert keys <= set(r) and r["requests"] == 300 and r["evicted_tokens"] == 0
+        assert r["hit_rate"] == pytest.approx(r["hit_tokens"] / r["prompt_tokens"])
+        assert r["orphan_blocks"] == 0 and r["cpu_us_per_request"] > 0
+    radix, blocks, none = rows
+    assert radix["prompt_tokens"] == blocks["prompt_tokens"] == none["prompt_tokens"]
+    assert radix["hit_tokens"] >= blocks["hit_tokens"] > 0 and none["hit_tokens"] == 0
+
+
+def test_cli_replay_capacity_and_trace_file(tmp_path, capsys):
+    from radixkv.workloads import write_jsonl
+    path = tmp_path / "w.jsonl"
+    write_jsonl(make_workload("multiturn", **SMALL["multiturn"]), path)
+    out = tmp_path / "r.json"
+    assert main(["replay", str(path), "--cache", "radix", "blockhash", "--capacity", "1_000",
+                 "--eviction", "fifo", "--hash", "xxhash", "--json", str(out)]) == 0
+    assert "capacity: 1_000 = 1,000 tokens" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [r["label"] for r in rows] == ["radix p1 fifo", "blockhash b16 xxhash"]
+    assert all(r["evicted_tokens"] > 0 for r in rows)
+    assert [r["capacity"] for r in rows] == [1000, 992]             # whole blocks of 16
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--cache", "radix", "lru"], "unknown cache 'lru'; valid: radix, blockhash, none"),
+    (["--eviction", "oldest"], "unknown eviction policy 'oldest'; valid: lru"),
+    (["--capacity", "12x"], "bad capacity '12x'"),
+    (["--capacity", "40GiB"], "'40GiB' is a byte size"),
+    (["--capacity", "1000"], "capacity 1,000 tokens is smaller than one request"),
+    (["--hash", "md5"], "unknown hash 'md5'"),
+    (["--page-size", "0"], "page_size must be a positive int, got 0"),
+])
+def test_cli_bad_arguments_exit_2(args, msg, capsys):
+    assert main(["replay", "support", "--limit", "20", *args]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.startswith("radixkv replay: error:")
+
+
+def test_cli_missing_file_and_bad_int(tmp_path, capsys):
+    missing = str(tmp_path / "nope.jsonl")
+    assert main(["replay", missing]) == 2
+    assert repr(missing) in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["replay", "support", "--limit", "many"])
+    assert e.value.code == 2 and "'many'" in capsys.readouterr().err
+
+
+# ---- the real trace ------------------------------------------------------------------------
+@pytest.mark.skipif(not MOONCAKE.is_file(), reason=f"{MOONCAKE} is absent")
+def test_mooncake_unlimited_radix_hit_rate():
+    w = load_workload(MOONCAKE)
+    s = replay(w, RadixCache())
+    assert s.requests == 3993 and s.evicted_tokens == 0
+    assert abs(s.hit_rate - 0.64) <= 0.02, s
