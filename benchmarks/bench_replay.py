@@ -44,7 +44,7 @@ def support(console: Console, users: int, turns: int, hash_algo: str) -> None:
 def mooncake(console: Console, path: Path, capacity: int, hash_algo: str) -> None:
     w = load_workload(path)
     t = Table(title=f"{path.name}: {len(w):,} requests, {w.num_prompt_tokens:,} prompt tokens")
-    for col in ("capacity", "cache", "hit rate", "evicted tokens", "wall s", "hit rate / blockhash"):
+    for col in ("capacity", "cache", "hit rate", "evicted tokens", "wall s", "vs blockhash"):
         t.add_column(col, justify="right")
     for cap in (None, capacity):
         s = _run(w, ["radix", "blockhash"], cap, hash_algo)

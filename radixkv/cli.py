@@ -5,7 +5,7 @@ import argparse
 import sys
 from importlib import import_module
 
-COMMANDS = ("replay",)
+COMMANDS = ("compare", "simulate", "replay", "generate")
 
 
 def build_parser() -> argparse.ArgumentParser:

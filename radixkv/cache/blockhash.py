@@ -17,7 +17,7 @@ twice under one hash (`duplicate_blocks` counts it).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Iterable
 
 import numpy as np
@@ -58,18 +58,39 @@ class BlockHashCache(PrefixCache):
         self.free_queue: OrderedDict[int, Block] = OrderedDict()   # LRU: head is evicted first
         self.duplicate_blocks = 0
         self.peak_blocks = 0
+        self._hash_memo: OrderedDict[RadixKey, list[int]] = OrderedDict()
+        self._recent: deque[RadixKey] = deque(maxlen=4)
         if self.enable_events:
             self._events.append(KVEvent("cleared"))
 
     # ---- hashing --------------------------------------------------------------------------
     def block_hashes(self, key: RadixKey) -> list[int]:
-        """Chained hashes of the full blocks of `key`."""
+        """Chained hashes of the full blocks of `key`. Memoised per key (bounded): schedulers
+        ask about the same waiting prompt every round, and a request's insert re-hashes the
+        blocks its lookup hashed."""
+        memo = self._hash_memo
+        out = memo.get(key)
+        if out is not None:
+            memo.move_to_end(key)
+            return out
         bs, buf, extra, salt = self.block_size, key.buf, key.namespace[0], key.namespace[1]
-        out, parent = [], None
-        for i in range(len(key) // bs):
+        n = len(key) // bs
+        out, parent, start = [], None, 0
+        for k in reversed(self._recent):                  # resume from a key this one extends
+            if k.namespace == key.namespace and len(k) // bs <= n and len(k) >= bs \
+                    and buf.startswith(k.buf[:len(k) // bs * bs * _ITEM]):
+                out = list(memo[k][:n]) if k in memo else []
+                start = len(out)
+                parent = out[-1] if out else None
+                break
+        for i in range(start, n):
             ns = (extra, salt if i == 0 else None)
             parent = chain_hash(parent, ns, buf[i * bs * _ITEM:(i + 1) * bs * _ITEM], self.hash_algo)
             out.append(parent)
+        memo[key] = out
+        self._recent.append(key)
+        if len(memo) > 1024:
+            memo.popitem(last=False)
         return out
 
     # ---- lookup ---------------------------------------------------------------------------

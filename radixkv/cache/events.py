@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,6 +17,7 @@ import xxhash
 HASH_ALGOS = ("sha256", "xxhash")
 
 
+@lru_cache(maxsize=4096)
 def _namespace_bytes(namespace: tuple) -> bytes:
     # JSON with explicit nulls: ("bc", "a") and ("c", "ab") encode differently
     return json.dumps(list(namespace), separators=(",", ":")).encode()

@@ -74,7 +74,7 @@ class _TilePlan:
                 ctx.append(np.asarray(c[:p0 + min(j + Q, n)], dtype=np.int64))
                 out.append(len(q_idx) * Q - Q + np.arange(min(Q, n - j)))
             start += n
-        if len(ctx) % 2:                       # an even tile count keeps every [NT*H, Q] op vector-aligned
+        if len(ctx) % 2:                # an even tile count keeps [NT*H, Q] ops vector-aligned
             q_idx.append(q_idx[-1]), q_pos.append(q_pos[-1]), ctx.append(ctx[-1])
         NT, C = len(ctx), max(len(c) for c in ctx)
         self.NB = -(-C // K)
@@ -144,7 +144,8 @@ class TorchExecutor:
         ids = np.concatenate([np.asarray(s.input_ids, dtype=np.int64) for s in segs])   # [T]
         if ids.min() < 0 or ids.max() >= self.args.vocab_size:
             bad = int(ids[(ids < 0) | (ids >= self.args.vocab_size)][0])
-            raise ValueError(f"token id {bad} is outside the model vocabulary [0, {self.args.vocab_size})")
+            raise ValueError(f"token id {bad} is outside the model vocabulary "
+                             f"[0, {self.args.vocab_size})")
         rows = [i for i, s in enumerate(segs) if s.sample]
         prefix_lens, ctx = [s.prefix_len for s in segs], [s.ctx_slots for s in segs]
         input_ids = torch.from_numpy(ids).to(self.device)
@@ -190,8 +191,9 @@ class TorchExecutor:
         """cos, sin [T, 1, head_dim] gathered from one table computed once (exact per position)."""
         if self._rope_tab is None:
             self._rope_tab = self.model.rope(torch.arange(self.args.max_seq_len, device=self.device))
-        if int(positions.max()) >= self.args.max_seq_len:
-            raise ValueError(f"position {int(positions.max())} exceeds max_seq_len {self.args.max_seq_len}")
+        top = int(positions.max())
+        if top >= self.args.max_seq_len:
+            raise ValueError(f"position {top} exceeds max_seq_len {self.args.max_seq_len}")
         cos, sin = self._rope_tab
         return cos[positions], sin[positions]
 

@@ -64,7 +64,7 @@ class OrderContext:
 
 @QUEUE_ORDERS.register("fcfs")
 def fcfs(waiting, memo, ctx):
-    return sorted(waiting, key=lambda r: (r.arrival, r.index))
+    return waiting                              # the scheduler keeps waiting in arrival order
 
 
 @QUEUE_ORDERS.register("lpm")
@@ -79,7 +79,7 @@ def lof(waiting, memo, ctx):                    # longest remaining output first
 
 @QUEUE_ORDERS.register("random")
 def random_order(waiting, memo, ctx):
-    out = sorted(waiting, key=lambda r: (r.arrival, r.index))
+    out = list(waiting)
     ctx.rng.shuffle(out)
     return out
 
@@ -110,7 +110,7 @@ def dfs_weight(waiting, memo, ctx):
         return fcfs(waiting, memo, ctx)
     at: dict[int, list[Request]] = {}
     weight: dict[int, int] = {}
-    for r in sorted(waiting, key=lambda r: (r.arrival, r.index)):
+    for r in waiting:
         _, node = memo.get(r)
         at.setdefault(id(node), []).append(r)
         while node is not None:

@@ -8,6 +8,7 @@ cache after prefill (cache_unfinished_req), requests leave it at finish (cache_f
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from typing import Any, Callable
@@ -24,6 +25,10 @@ from radixkv.sched.policy import QUEUE_ORDERS, InBatchDedup, MatchMemo, OrderCon
 from radixkv.sched.request import Request, Status
 
 log = logging.getLogger(__name__)
+
+def _arrival_order(r: Request) -> tuple:
+    return (r.arrival, r.index)
+
 
 _VICTIM_KEYS: dict[str, Callable[[Request], tuple]] = {
     # larger key = retracted first
@@ -50,8 +55,9 @@ class Scheduler:
         self.on_admit = on_admit
 
     def add(self, req: Request) -> None:
+        """Queue a request; `waiting` stays in arrival order, so fcfs needs no sort."""
         req.status = Status.WAITING
-        self.waiting.append(req)
+        bisect.insort(self.waiting, req, key=_arrival_order)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked)
@@ -153,7 +159,7 @@ class Scheduler:
         req.retractions += 1
         self.counters.retractions += 1
         self.new_token_ratio = self.cfg.init_new_token_ratio
-        self.waiting.append(req)
+        bisect.insort(self.waiting, req, key=_arrival_order)
         log.debug("retracted %r", req)
 
     def _release(self, req: Request) -> None:

@@ -1,0 +1,64 @@
+"""Shared builders for the scheduler / engine tests: a deterministic simulated engine."""
+from __future__ import annotations
+
+import itertools
+
+from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
+from radixkv.engine.costmodel import CostModel
+from radixkv.engine.engine import Engine, request_from_trace
+from radixkv.engine.executor_sim import SimExecutor
+from radixkv.engine.oracle import FutureOracle
+from radixkv.sched.batch import StepResult
+
+COST = CostModel.named("llama-3-8b", "h100-sxm")
+
+
+def logical_clock():
+    """The tree's recency clock: a counter, so LRU order is exact and runs are deterministic."""
+    return itertools.count().__next__
+
+
+def toks(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+def make_engine(kv_capacity: int = 200_000, cache: CacheConfig | None = None,
+                sched: SchedulerConfig | None = None, check: bool = False,
+                requests=None) -> Engine:
+    """A SimExecutor engine with a logical cache clock. With eviction="belady", `requests`
+    (all future requests) feed a FutureOracle wired as the cache's oracle and on_admit."""
+    cache = cache or CacheConfig()
+    cfg = EngineConfig(kv_capacity=kv_capacity, cache=cache, sched=sched or SchedulerConfig(),
+                       check_invariants=check)
+    extra, on_admit = {}, None
+    if cache.kind == "radix":
+        extra["clock"] = logical_clock()
+    if cache.eviction == "belady":
+        oracle = FutureOracle(list(requests), cache.page_size)
+        extra["oracle"], on_admit = oracle, oracle.admitted
+    return Engine(cfg, cache.build(**extra), Recorder(SimExecutor(COST)), on_admit=on_admit)
+
+
+class Recorder:
+    """Wraps an executor and records every plan it runs as a list of steps, each a list of
+    (rid, prefix_len, n, sample, kind) per segment, kind "extend" or "decode"."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.steps = inner, inner.name, []
+
+    def run(self, plan):
+        self.steps.append([(s.req.rid, s.prefix_len, s.n, s.sample, "extend") for s in plan.extends]
+                          + [(s.req.rid, s.prefix_len, s.n, s.sample, "decode") for s in plan.decodes])
+        return self.inner.run(plan)
+
+    def extends(self, i: int):
+        return [seg for seg in self.steps[i] if seg[4] == "extend"]
+
+
+def requests_of(workload, max_new_tokens=None):
+    return [request_from_trace(tr, i, max_new_tokens=max_new_tokens) for i, tr in enumerate(workload)]
+
+
+def fake_result(plan, dt: float = 0.01) -> StepResult:
+    """What a SimExecutor returns, without the cost model: nothing sampled (scripted requests)."""
+    return StepResult([None] * len(plan.segments), dt)

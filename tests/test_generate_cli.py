@@ -1,0 +1,109 @@
+"""`radixkv generate` end to end on tiny-llama (CPU), its argument errors, and the GPU
+check script's CPU dry run."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixkv.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ["generate", "--model", "tiny-llama", "--device", "cpu"]
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def totals(out: str) -> dict[str, float]:
+    line = next(ln for ln in out.splitlines() if ln.startswith("totals:"))
+    m = re.search(r"requests (\d+) .* cached tokens ([\d,]+) .* hit rate ([\d.]+)% .* "
+                  r"prefill tokens computed ([\d,]+) .* wall ([\d.]+) s", line)
+    assert m, line
+    req, cached, hit, prefill, wall = m.groups()
+    return dict(requests=int(req), cached=int(cached.replace(",", "")), hit=float(hit),
+                prefill=int(prefill.replace(",", "")), wall=float(wall))
+
+
+def test_support_workload_hits(capsys):
+    assert main(BASE + ["--workload", "support", "--users", "4", "--turns", "2"]) == 0
+    out = capsys.readouterr().out
+    t = totals(out)
+    assert t["requests"] == 10 and t["hit"] > 0 and t["cached"] > 0 and t["wall"] > 0
+    assert "support-u3-t1" in out
+
+
+def test_no_cache_and_paged_options(capsys):
+    argv = ["--workload", "support", "--users", "2", "--turns", "2", "--chunked-prefill", "64"]
+    assert main(BASE + argv + ["--cache", "none"]) == 0
+    none = totals(capsys.readouterr().out)
+    assert none["hit"] == 0 and none["cached"] == 0
+    assert main(BASE + argv + ["--page-size", "16", "--kv-capacity", "4000"]) == 0
+    paged = totals(capsys.readouterr().out)
+    assert paged["hit"] > 0 and paged["prefill"] < none["prefill"]
+
+
+def test_text_prompts_are_decoded(tmp_path, capsys):
+    f = tmp_path / "prompts.txt"
+    f.write_text("You are a helpful agent. Question one?\n\nYou are a helpful agent. Question two?\n")
+    assert main(BASE + ["--prompts", str(f), "--max-new-tokens", "4", "--temperature", "0.8",
+                        "--top-k", "20", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert totals(out)["requests"] == 2 and "output" in out and "p1" in out
+
+
+def test_jsonl_prompts(tmp_path, capsys):
+    f = tmp_path / "trace.jsonl"
+    rows = [{"id": "a", "arrival": 0.0, "prompt": list(range(40)), "output_len": 3},
+            {"id": "b", "arrival": 5.0, "prompt": list(range(30)) + [7, 7], "output": [1, 2]}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(BASE + ["--prompts", str(f)]) == 0
+    t = totals(capsys.readouterr().out)
+    assert t["requests"] == 2 and t["cached"] >= 29
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "no-such-model", "--workload", "support"], "unknown model 'no-such-model'"),
+    (["--model", "tiny-llama", "--prompts", "/nonexistent/prompts.txt"], "does not exist"),
+    (["--model", "tiny-llama", "--workload", "support", "--users", "0"], "num_users"),
+    (["--workload", "support", "--page-size", "16", "--chunked-prefill", "8"], "below the page size"),
+])
+def test_bad_arguments_exit_2(argv, message, capsys):
+    assert main(["generate", "--device", "cpu"] + argv) == 2
+    err = capsys.readouterr().err
+    assert "radixkv generate: error:" in err and message in err
+
+
+def test_prompts_or_workload_is_required(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", "tiny-llama"])
+    assert e.value.code == 2 and "--prompts" in capsys.readouterr().err
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_check_dry_run(tmp_path, capsys):
+    out = tmp_path / "gpu.md"
+    assert load_script("gpu_check").main(["--dry-run", "--out", str(out)]) == 0
+    md = out.read_text()
+    assert md.count("PASS") == 2 and "| radix |" in md and "| none |" in md and "1.00x" in md
+
+
+def test_gpu_check_fails_fast_without_cuda(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert load_script("gpu_check").main(["--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
