@@ -115,6 +115,10 @@ class EngineConfig:
 
     def __post_init__(self):
         _pos_int(self, "kv_capacity")
+        ps, chunk = self.cache.page_size, self.sched.chunked_prefill_size
+        if chunk and self.sched.prefill_budget < ps:
+            raise ValueError(f"chunked prefill budget {self.sched.prefill_budget} is smaller than "
+                             f"the page size {ps}: no chunk could ever be scheduled")
         if self.kv_capacity % self.cache.page_size:
             raise ValueError(f"kv_capacity {self.kv_capacity} is not a multiple of page size "
                              f"{self.cache.page_size}")

@@ -60,7 +60,7 @@ class Engine:
         plan = self.sched.schedule(self.now)
         if plan is None:
             if not self._arrivals:
-                return self.sched.has_work()     # only possible with a stuck queue
+                return False                      # idle, or stuck: nothing can ever be scheduled
             self.now = max(self.now, self._arrivals[0][0])   # idle until the next arrival
             return True
         result = self.executor.run(plan)

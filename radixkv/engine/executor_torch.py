@@ -40,6 +40,14 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+def resolve_device(device=None) -> torch.device:
+    """`device`, else radixkv.env.device(); a clear error when CUDA is asked for but absent."""
+    dev = torch.device(device if device is not None else env.device())
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(dev)!r} requested but CUDA is not available")
+    return dev
+
+
 def _tiled(fn, x: Tensor, tile: int) -> Tensor:
     """fn over fixed [tile, d] row tiles of x [T, d] (zero-padded): row results independent of T."""
     T = x.shape[0]
@@ -92,9 +100,7 @@ class TorchExecutor:
     def __init__(self, model: Transformer, args: ModelArgs, num_slots: int, device=None, dtype=None,
                  batch_invariant: bool = False, tile: int = 64, q_tile: int = 32, block: int = 128,
                  bmm_chunk: int = 16):
-        self.device = torch.device(device if device is not None else env.device())
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {str(self.device)!r} requested but CUDA is not available")
+        self.device = resolve_device(device)
         self.dtype = dtype or default_dtype(self.device)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.args = args
@@ -113,7 +119,7 @@ class TorchExecutor:
                     **kw) -> "TorchExecutor":
         """A named shape with seeded random weights (tiny-llama, llama-3-8b, ...) or a local HF
         checkpoint directory. Models over 200M parameters are initialised on the device."""
-        device = torch.device(device if device is not None else env.device())
+        device = resolve_device(device)
         dtype = dtype or default_dtype(device)
         if Path(name_or_dir).is_dir():
             from radixkv.engine.weights import load_hf_checkpoint
