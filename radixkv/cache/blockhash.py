@@ -51,6 +51,7 @@ class BlockHashCache(PrefixCache):
         self.hash_algo, self.enable_events = hash_algo, enable_events
         self._events: list[KVEvent] = []
         self.reset()
+        self._events.clear()                      # "cleared" is for an explicit reset() only
 
     def reset(self) -> None:
         self.blocks: dict[int, Block] = {}                    # block id -> registered block

@@ -96,6 +96,9 @@ class SlotPool:
             pages = arr
         elif small:
             pages = np.unique(arr // ps)
+            if pages.size * ps != arr.size:       # no duplicates here, so this means a partial page
+                self._in_use[arr] = True
+                raise ValueError(f"free of {arr.size} slots does not cover whole pages of {ps}")
         else:
             touched = np.zeros(self.num_pages, dtype=bool)
             touched[arr // ps] = True

@@ -62,6 +62,7 @@ class RadixCache(PrefixCache):
         self.enable_events, self.hash_algo = enable_events, hash_algo
         self._events: list[KVEvent] = []
         self.reset()
+        self._events.clear()                      # "cleared" is for an explicit reset() only
 
     # ---- bookkeeping ----------------------------------------------------------------------
     def reset(self) -> None:

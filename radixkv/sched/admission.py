@@ -1,7 +1,8 @@
 """PrefillAdder: admit waiting requests into one prefill batch within token and memory budgets.
 
 Memory budget = free slots + evictable tokens − tokens reserved for the remaining decode of
-running requests (remaining × new_token_ratio). The matched prefix is locked before slots are
+running requests (remaining × new_token_ratio); a request also leaves its own reserve, unless
+it runs alone (see `own_reserve`). The matched prefix is locked before slots are
 allocated, and the budget is checked again after locking: locking moves the prefix's tokens
 from evictable to protected, so a check made before the lock can over-commit.
 """
@@ -62,6 +63,13 @@ class PrefillAdder:
     def decode_reserve(self, req: Request) -> int:
         return math.ceil(req.remaining_decode * self.ratio)
 
+    def own_reserve(self, req: Request) -> int:
+        """The reserve `req` must leave for its own decode; 0 when it runs alone (nothing
+        reserved for others, nothing admitted before it): Engine.add_request checked that it
+        fits kv_capacity, and counting its reserve on top of its page-rounded fill could
+        refuse it forever (a lone request must always make progress)."""
+        return self.decode_reserve(req) if (self.admitted or self.reserved) else 0
+
     def add(self, req: Request) -> AddResult:
         """Match, lock, check, allocate. On NO_* the request is unchanged and nothing is
         locked or allocated (the match may have refreshed access times or split an edge)."""
@@ -78,7 +86,7 @@ class PrefillAdder:
                     return AddResult.NO_TOKENS
             elif self.admitted:
                 return AddResult.NO_TOKENS         # a long prompt alone may exceed the budget
-        need = round_up(m.prefix_len + n, ps) - m.prefix_len + self.decode_reserve(req)
+        need = round_up(m.prefix_len + n, ps) - m.prefix_len + self.own_reserve(req)
         if need > self.mem_budget():
             return AddResult.NO_MEMORY
         self.cache.inc_lock_ref(m.last_node)
@@ -103,7 +111,7 @@ class PrefillAdder:
             return AddResult.NO_TOKENS
         have = len(req.slots) - req.num_computed           # spare slots of the last page
         want = max(round_up(req.num_computed + n, ps) - req.num_computed - have, 0)
-        if want + self.decode_reserve(req) > self.mem_budget():
+        if want + self.own_reserve(req) > self.mem_budget():
             return AddResult.NO_MEMORY
         req.extend_slots(alloc_slots(self.pool, self.cache, want, self.counters))
         self.rem_tokens -= n

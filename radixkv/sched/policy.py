@@ -105,7 +105,9 @@ def routing_key(waiting, memo, ctx):
 @QUEUE_ORDERS.register("dfs-weight")
 def dfs_weight(waiting, memo, ctx):
     """SGLang's DFS weighting: walk the tree, heavier subtrees (more waiting requests ending
-    there) first, so requests sharing a prefix are admitted together."""
+    there) first, so requests sharing a prefix are admitted together. As in SGLang the walk is
+    post-order: a node's own requests come after its subtree's (deeper matches first), so
+    requests that match nothing (at the root) come last."""
     if not isinstance(memo.cache, RadixCache):
         return fcfs(waiting, memo, ctx)
     at: dict[int, list[Request]] = {}
@@ -117,13 +119,16 @@ def dfs_weight(waiting, memo, ctx):
             weight[id(node)] = weight.get(id(node), 0) + 1
             node = node.parent
     out: list[Request] = []
-    stack = [memo.cache.root]
+    stack: list[tuple[TreeNode, bool]] = [(memo.cache.root, False)]
     while stack:
-        node = stack.pop()
-        out.extend(at.get(id(node), ()))
+        node, expanded = stack.pop()
+        if expanded:                              # its subtree is out: now its own requests
+            out.extend(at.get(id(node), ()))
+            continue
+        stack.append((node, True))
         kids = [c for c in node.children.values() if id(c) in weight]
         kids.sort(key=lambda c: (weight[id(c)], -c.id))
-        stack.extend(kids)                        # heaviest popped first
+        stack.extend((c, False) for c in kids)    # heaviest popped first
     return out
 
 
@@ -141,7 +146,7 @@ class InBatchDedup:
         if cached_len > self.check:
             return False
         shared = self.scratch.match_prefix(req.match_key(), split=False).prefix_len
-        if shared - cached_len >= self.hold:
+        if shared > cached_len and shared - cached_len >= self.hold:   # hold=0: share something
             self.held += 1
             return True
         return False

@@ -45,7 +45,10 @@ class Request:
         self.priority, self.routing_key, self.sampling = priority, routing_key, sampling
         self.forced_output, self.max_new_tokens = forced_output, max_new_tokens
         self.stop_ids = frozenset(stop_ids) | {STOP}
-        self.tokens: list[int] = list(prompt) if not isinstance(prompt, RadixKey) else prompt.tokens
+        # a list/tuple is copied as is (fast); anything else (a one-shot iterator the key has
+        # consumed, an array, a RadixKey) is read back from the validated key
+        self.tokens: list[int] = (list(prompt) if isinstance(prompt, (list, tuple))
+                                  else self.prompt_key.tokens)
         self.prompt_len = len(self.tokens)
         self.status = Status.WAITING
         self.num_computed = 0

@@ -67,12 +67,19 @@ class Scheduler:
         plan = BatchPlan()
         self._schedule_prefill(plan, now)
         if self.running and (not plan.extends or self.cfg.mixed_decode):
+            retractions = self.counters.retractions
             self._schedule_decode(plan)
+            if not plan and self.counters.retractions != retractions:
+                # decode retracted every running request and formed no step: the memory it
+                # freed can take a prefill now (an empty plan would read as a stuck queue)
+                self._schedule_prefill(plan, now)
         return plan if plan else None
 
     def _reserved(self) -> int:
-        reqs = self.running + ([self.chunked] if self.chunked else [])
-        return sum(math.ceil(r.remaining_decode * self.new_token_ratio) for r in reqs)
+        """Decode reserve of the running requests (a chunked request's own reserve is counted
+        by PrefillAdder.add_chunk: counting it here too refused its next chunk forever when
+        memory was tight)."""
+        return sum(math.ceil(r.remaining_decode * self.new_token_ratio) for r in self.running)
 
     def _ordered_waiting(self) -> list[Request]:
         cfg = self.cfg

@@ -45,14 +45,14 @@ def _scripted(policy, **params):
 def _victim_order(tree) -> str:
     by_slot = {b: name for name, b in SLOT_BASE.items()}
     order = ""
-    while tree.total_size():
+    for _ in range(len(LEAVES)):
         before = tree.total_size()
         freed = tree.evict(1).tolist()
         assert len(freed) == 2 and freed[1] == freed[0] + 1
         assert tree.total_size() == before - 2
         order += by_slot[freed[0]]
         tree.check_invariants()
-    assert tree.evict(1).size == 0
+    assert tree.evict(1).size == 0 and tree.total_size() == 0
     return order
 
 
@@ -85,7 +85,7 @@ def test_slru_custom_threshold():
 def test_lru_ties_break_by_creation():
     clock = FakeClock(1)
     tree = RadixCache(clock=clock)
-    for i, name in enumerate("abcd"):
+    for name in "abcd":
         tree.insert(LEAVES[name][0], [SLOT_BASE[name], SLOT_BASE[name] + 1])
     assert _victim_order(tree) == "abcd"
 
@@ -100,10 +100,9 @@ def test_policy_order_with_cascade_lru():
     tree.insert([9], [9])
     clock.t = 3
     tree.match_prefix([1, 2, 4])                   # [1,2] and [4] at t=3
-    got = []
-    while tree.total_size():
-        got.append(tree.evict(1).tolist())
-    assert got == [[2], [9], [3], [0, 1]]
+    got = [tree.evict(1).tolist() for _ in range(5)]
+    assert tree.total_size() == 0
+    assert got[-1] == [] and got[:-1] == [[2], [9], [3], [0, 1]]
 
 
 def test_unknown_policy_lists_valid_names():

@@ -70,55 +70,84 @@ def test_bad_construction(num, ps):
         SlotPool(num, ps)
 
 
-def _pool_with_allocs(ps):
-    pool = SlotPool(16, page_size=ps)
+# a free of a few slots from a big pool and one from a small pool may take different code paths
+POOL_SIZES = [16, 4096]
+
+
+def _pool_with_allocs(ps, num=16):
+    pool = SlotPool(num, page_size=ps)
     a, b = pool.alloc(4), pool.alloc(4)
     return pool, a, b
 
 
+@pytest.mark.parametrize("num", POOL_SIZES)
 @pytest.mark.parametrize("ps", [1, 4])
-def test_double_free_raises_and_changes_nothing(ps):
-    pool, a, b = _pool_with_allocs(ps)
+def test_double_free_raises_and_changes_nothing(ps, num):
+    pool, a, b = _pool_with_allocs(ps, num)
     pool.free(a)
     before = pool.available()
     with pytest.raises(ValueError, match=r"double free: slot 0 is not allocated"):
         pool.free(a)
-    assert pool.available() == before == 12
+    assert pool.available() == before == num - 4
     # a mix of a held page and a freed one frees neither
     with pytest.raises(ValueError, match="double free"):
         pool.free(np.concatenate([b, a]))
-    assert pool.available() == 12
+    assert pool.available() == num - 4
     pool.check_conservation([b])
 
 
-@pytest.mark.parametrize("foreign", [16, 100, -1])
-def test_foreign_slot_raises_and_changes_nothing(foreign):
-    pool, a, b = _pool_with_allocs(4)
-    with pytest.raises(ValueError, match=rf"slot {foreign} does not belong to this pool of 16"):
+@pytest.mark.parametrize("num", POOL_SIZES)
+@pytest.mark.parametrize("foreign", [-1, 4096, 100_000])
+def test_foreign_slot_raises_and_changes_nothing(foreign, num):
+    pool, a, b = _pool_with_allocs(4, num)
+    with pytest.raises(ValueError, match=rf"slot {foreign} does not belong to this pool of {num}"):
         pool.free(list(a) + [foreign])
-    assert pool.available() == 8
+    assert pool.available() == num - 8
     pool.check_conservation([a, b])
 
 
-def test_duplicate_in_one_free_raises_and_changes_nothing():
-    pool, a, b = _pool_with_allocs(1)
+@pytest.mark.parametrize("num", POOL_SIZES)
+def test_duplicate_in_one_free_raises_and_changes_nothing(num):
+    pool, a, b = _pool_with_allocs(1, num)
     with pytest.raises(ValueError, match="slot 5 appears twice in one free"):
         pool.free([4, 5, 5, 6])
-    assert pool.available() == 8
+    assert pool.available() == num - 8
     pool.check_conservation([a, b])
 
 
-def test_partial_page_free_raises_and_changes_nothing():
-    pool, a, b = _pool_with_allocs(4)
+@pytest.mark.parametrize("num", POOL_SIZES)
+def test_partial_page_free_raises_and_changes_nothing(num):
+    pool, a, b = _pool_with_allocs(4, num)
     with pytest.raises(ValueError, match="does not cover whole pages of 4"):
         pool.free(a[:2])
-    assert pool.available() == 8
+    assert pool.available() == num - 8
+    pool.check_conservation([a, b])
     with pytest.raises(ValueError, match="does not cover whole pages of 4"):
         pool.free(np.concatenate([a, b[:3]]))
-    assert pool.available() == 8
+    assert pool.available() == num - 8
     pool.check_conservation([a, b])
     pool.free(a)
-    assert pool.available() == 12
+    assert pool.available() == num - 4
+    pool.check_conservation([b])
+
+
+def test_big_batch_free_paths():
+    # large frees (a big eviction) and a partial page / duplicate hidden in one
+    pool = SlotPool(64, page_size=4)
+    s = pool.alloc(64)
+    with pytest.raises(ValueError, match="does not cover whole pages of 4"):
+        pool.free(s[:63])
+    assert pool.available() == 0
+    with pytest.raises(ValueError, match=r"slot 9 appears twice in one free"):
+        pool.free(np.concatenate([s[:8], s[9:10], s[8:16]]))
+    assert pool.available() == 0
+    pool.check_conservation([s])
+    pool.free(s[:32])
+    assert pool.available() == 32
+    pool.check_conservation([s[32:]])
+    pool.free(s[32:])
+    assert pool.available() == 64
+    pool.check_conservation([])
 
 
 def test_free_bad_shapes():
@@ -171,3 +200,19 @@ def test_reset():
     assert pool.available() == 16
     pool.check_conservation([])
     assert pool.alloc(4).tolist() == [0, 1, 2, 3]
+
+
+def test_regression_small_batch_partial_page_free_raises():
+    # the sort-based path for small frees (few slots from a big pool) skipped the whole-page
+    # check: freeing half a page released the whole page while its other slots were in use
+    pool = SlotPool(4096, page_size=4)
+    a = pool.alloc(8)
+    with pytest.raises(ValueError, match="free of 2 slots does not cover whole pages of 4"):
+        pool.free(a[2:4])
+    assert pool.available() == 4088
+    pool.check_conservation([a])
+    with pytest.raises(ValueError, match="free of 6 slots does not cover whole pages of 4"):
+        pool.free(a[:6])
+    assert pool.available() == 4088
+    pool.check_conservation([a])
+    assert pool.alloc(4).tolist() == [8, 9, 10, 11]

@@ -15,6 +15,7 @@ from radixkv.cache.base import CacheReq
 from radixkv.cache.events import KVEvent, chain_hash
 from radixkv.cache.key import RadixKey
 from radixkv.cache.nocache import NoCache
+from radixkv.cache.blockhash import BlockHashCache
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
 
@@ -98,7 +99,7 @@ def test_eviction_question_frees_exactly_the_dead_rag_leaf():
     assert freed.tolist() == slots["R3"][512:].tolist()
     assert tree.evictable_size() == 0 and tree.protected_size() == 2231 and tree.total_size() == 2231
     assert shape(tree.root) == [(512, [(1543, [(96, []), (80, [])])])]
-    assert tree.root.children[((None, None), np.array([0], "=u4").tobytes())] is s_node
+    assert list(tree.root.children.values()) == [s_node] and s_node.key.tokens == S
     pool.free(freed)
     pool.check_conservation(tree.held_slots())
     snap = tree_snapshot(tree)
@@ -188,9 +189,10 @@ def test_split_keeps_suffix_access_time_and_lru_order():
     assert parent.created == 1 and suffix.created == 1
     assert parent.hit_count == 1 and suffix.hit_count == 0
     order = []
-    while tree.total_size():
+    for _ in range(3):
         order.append(tree.evict(1).tolist())
         tree.check_invariants()
+    assert tree.total_size() == 0
     # the old suffix (t=1) before B (t=3); the parent (t=5) last
     assert order == [[12, 13], [20, 21], [10, 11]]
 
@@ -668,3 +670,11 @@ def test_regression_heap_tie_after_split_does_not_compare_nodes(policy):
     assert tree.evict(1).tolist() == [0]
     assert tree.total_size() == 0 and tree.num_nodes() == 1
     tree.check_invariants()
+
+
+def test_regression_no_cleared_event_at_construction():
+    # building a cache used to report a "cleared" event before anything was stored
+    for cache in (RadixCache(enable_events=True), BlockHashCache(block_size=4, enable_events=True)):
+        assert cache.take_events() == []
+        cache.reset()
+        assert cache.take_events() == [KVEvent("cleared")]

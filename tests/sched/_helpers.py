@@ -62,3 +62,28 @@ def requests_of(workload, max_new_tokens=None):
 def fake_result(plan, dt: float = 0.01) -> StepResult:
     """What a SimExecutor returns, without the cost model: nothing sampled (scripted requests)."""
     return StepResult([None] * len(plan.segments), dt)
+
+
+def make_scheduler(kv_capacity: int = 10_000, page_size: int = 1, kind: str = "radix", **sched_kw):
+    """A Scheduler over a fresh cache and pool (no engine): drive it with schedule/process."""
+    from radixkv.cache.pool import SlotPool
+    from radixkv.sched.scheduler import Scheduler
+    kw = dict(max_prefill_tokens=100_000, chunked_prefill_size=0, dedup=False)
+    kw.update(sched_kw)
+    cache_cfg = CacheConfig(kind, page_size)
+    cache = cache_cfg.build(clock=logical_clock()) if kind == "radix" else cache_cfg.build()
+    return Scheduler(SchedulerConfig(**kw), cache, SlotPool(kv_capacity, page_size))
+
+
+def warm(sched, tokens) -> None:
+    """Put `tokens` in the scheduler's cache as if a finished request had left them there."""
+    from radixkv.cache.key import RadixKey
+    slots = sched.pool.alloc(len(tokens))
+    res = sched.cache.insert(RadixKey(tokens), slots)
+    sched.pool.free(slots[:res.prefix_len])
+
+
+def admitted_order(sched, now: float = 0.0):
+    """rid of every extend segment of the next round, in admission order, with prefix_len."""
+    plan = sched.schedule(now)
+    return [(s.req.rid, s.prefix_len) for s in plan.extends] if plan else []
