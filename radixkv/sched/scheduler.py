@@ -158,6 +158,8 @@ class Scheduler:
     def retract(self, req: Request) -> None:
         """Release a running request's slots and send it back to waiting. With retract_insert
         its computed KV enters the cache first, so its re-admission can hit."""
+        if req not in self.running:                # checked first: nothing released yet
+            raise ValueError(f"only a running request can be retracted, not {req!r}")
         if self.cfg.retract_insert:
             self.pool.free(self.cache.cache_unfinished_req(req))
         self._release(req)

@@ -24,8 +24,8 @@ def test_request_larger_than_kv_capacity_is_refused_naming_sizes():
 
 def test_request_capacity_check_rounds_to_pages():
     eng = make_engine(512, CacheConfig("radix", 16), SchedulerConfig())
-    with pytest.raises(ValueError, match="needs 528 KV slots"):    # 505 -> 33 pages of 16
-        eng.add_request(Request("r", toks(0, 500), 5))
+    with pytest.raises(ValueError, match="needs 528 KV slots"):    # 513 -> 33 pages of 16
+        eng.add_request(Request("r", toks(0, 500), 13))
     eng.add_request(Request("fits", toks(0, 500), 0, forced_output=toks(9000, 11)))  # 512
     eng.run_until_idle()
 

@@ -105,3 +105,25 @@ def test_regression_decode_retracting_everything_is_not_a_stuck_queue():
     assert eng.executor.steps[0] == [("a", 0, 8, True, "extend")]
     assert [s[0][1:3] for s in eng.executor.steps[1:7]] == [(8 * j, 8) for j in range(6)]
     assert eng.executor.steps[7] == [("b", 48, 2, True, "extend"), ("a", 0, 6, False, "extend")]
+
+
+@pytest.mark.parametrize("retract_insert", [False, True])
+def test_regression_retracting_a_request_that_is_not_running_changes_nothing(retract_insert):
+    """Scheduler.retract on the chunked (or a waiting) request released its slots and only
+    then failed in running.remove: the chunked request kept going with no slots or lock."""
+    eng = make_engine(4096, CacheConfig(), SchedulerConfig(chunked_prefill_size=16,
+                                                           retract_insert=retract_insert),
+                      check=True)
+    r = eng.add_request(Request("r", toks(0, 40), 0, forced_output=toks(900, 3)))
+    w = eng.add_request(Request("w", toks(100, 40), 0, forced_output=(), arrival=0.5))
+    eng.step()
+    assert eng.sched.chunked is r and r.num_computed == 16
+    before = (r.slots.tolist(), r.cached_len, r.last_node, eng.pool.available())
+    with pytest.raises(ValueError, match="only a running request can be retracted"):
+        eng.sched.retract(r)
+    assert (r.slots.tolist(), r.cached_len, r.last_node, eng.pool.available()) == before
+    eng.check_invariants()
+    eng.run_until_idle()
+    with pytest.raises(ValueError, match="only a running request"):
+        eng.sched.retract(w)                              # finished
+    assert r.output == toks(900, 3) and r.retractions == 0

@@ -1,0 +1,107 @@
+"""Layering: each layer imports only from the layers below it.
+
+    cache/      nothing above it (no sched, engine, server, router, workloads, commands, cli,
+                config, ...), and never torch: it runs on any CPU
+    sched/      nothing from engine, server, router, commands, cli
+    workloads/  nothing from sched or engine
+
+Every import statement counts, including lazy ones inside functions and TYPE_CHECKING blocks.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "radixkv"
+
+FORBIDDEN = {
+    "cache": {"sched", "engine", "server", "router", "workloads", "commands", "cli", "config",
+              "simulate", "replay", "plot", "__main__"},
+    "sched": {"engine", "server", "router", "commands", "cli", "simulate", "replay", "plot",
+              "__main__"},
+    "workloads": {"sched", "engine", "server", "router", "commands", "cli", "simulate"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in `source`; relative imports resolved
+    against `module` (a package's own name when is_package)."""
+    package = module if is_package else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            out.append((node.lineno, target))
+            # `from radixkv import sched` imports the subpackage
+            out += [(node.lineno, f"{target}.{a.name}") for a in node.names]
+    return out
+
+
+def layer_files(layer: str) -> list[Path]:
+    files = sorted((PKG / layer).rglob("*.py"))
+    assert files, f"no modules under radixkv/{layer}"
+    return files
+
+
+def violations(layer: str) -> list[str]:
+    bad = []
+    for path in layer_files(layer):
+        mod = module_name(path)
+        for line, target in imports_of(path.read_text(), mod, path.name == "__init__.py"):
+            parts = target.split(".")
+            if parts[0] == "radixkv" and len(parts) > 1 and parts[1] in FORBIDDEN[layer]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+            if layer == "cache" and parts[0] == "torch":
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    return bad
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layer_imports_nothing_above_it(layer):
+    assert violations(layer) == []
+
+
+def test_import_resolver_sees_every_form():
+    src = ("import radixkv.engine.engine\n"
+           "from radixkv import sched\n"
+           "from ..engine import executor\n"
+           "from . import key\n"
+           "def f():\n    import torch\n"
+           "if False:\n    from radixkv.config import CacheConfig\n")
+    got = {t for _, t in imports_of(src, "radixkv.cache.radix", is_package=False)}
+    assert {"radixkv.engine.engine", "radixkv.sched", "radixkv.engine",
+            "radixkv.engine.executor", "radixkv.cache.key", "torch",
+            "radixkv.config"} <= got
+    init = {t for _, t in imports_of("from .chat import x\n", "radixkv.workloads", True)}
+    assert "radixkv.workloads.chat" in init
+
+
+def test_cache_and_scheduler_import_without_torch():
+    code = ("import sys\n"
+            "import radixkv.cache, radixkv.sched.scheduler\n"
+            "import radixkv.cache.radix, radixkv.cache.blockhash, radixkv.cache.nocache\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "import radixkv.engine.engine, radixkv.engine.executor_sim, radixkv.simulate\n"
+            "assert 'torch' not in sys.modules, 'the simulator imported torch'\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
