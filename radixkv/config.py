@@ -36,7 +36,8 @@ class CacheConfig:
         _choice(self, "kind", CACHES.names())
         _pos_int(self, "page_size", "slru_threshold")
         _choice(self, "eviction", EVICTION_POLICIES.names())
-        _choice(self, "hash_algo", ("sha256", "xxhash"))
+        from radixkv.cache.events import HASH_ALGOS
+        _choice(self, "hash_algo", HASH_ALGOS)
         if self.kind == "blockhash" and self.eviction not in ("lru",):
             raise ValueError(f"blockhash caches evict in LRU order only, got eviction={self.eviction!r}")
 

@@ -30,6 +30,15 @@ from radixkv.cache.pool import EMPTY_SLOTS, as_slots
 _ITEM = 4
 
 
+def _first_repeat(ids: np.ndarray) -> int:
+    seen: set[int] = set()
+    for b in ids.tolist():
+        if b in seen:
+            return b
+        seen.add(b)
+    return -1
+
+
 class Block:
     __slots__ = ("id", "hash", "parent_hash", "ref_cnt")
 
@@ -135,6 +144,8 @@ class BlockHashCache(PrefixCache):
         ids = page[:, 0] // bs
         if nfull and not ((page[:, 0] % bs == 0).all() and (page == page[:, :1] + np.arange(bs)).all()):
             raise ValueError(f"slots are not whole blocks of {bs} (first: {slots[:bs].tolist()})")
+        if len(set(ids.tolist())) != nfull:
+            raise ValueError(f"insert lists block {_first_repeat(ids)} twice")
         hashes = self.block_hashes(key)
         for bid, h in zip(ids.tolist(), hashes):          # validate before any change
             b = self.blocks.get(bid)

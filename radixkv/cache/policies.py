@@ -62,6 +62,8 @@ def belady(n, oracle=None) -> tuple:
 def make_sort_key(name: str, **params) -> SortKey:
     """The sort key for policy `name` (ValueError lists the valid names); params bind options."""
     fn = EVICTION_POLICIES.get(name)
+    if name == "belady" and params.get("oracle") is None:
+        raise ValueError("eviction policy 'belady' needs an oracle that knows future requests")
     if params:
         try:
             fn(_Probe(), **params) if name != "belady" else None

@@ -6,7 +6,8 @@ exactly where two cached sequences stopped agreeing. The tree returns slots and 
 Eviction candidates (unlocked leaves) live in a lazy heap keyed by the eviction policy's sort
 key: a node is (re)pushed whenever it becomes a candidate or its key changes, and stale
 entries are skipped on pop. One evict call costs O(k log n) for k evicted nodes, whatever
-the cache size (the heap is compacted when stale entries outnumber live nodes).
+the cache size (the heap is rebuilt from the live candidates once it holds more than twice
+as many entries as the tree has nodes, plus a constant).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from radixkv.cache.base import InsertResult, MatchResult, PrefixCache, as_key
-from radixkv.cache.events import KVEvent, chain_hash
+from radixkv.cache.events import HASH_ALGOS, KVEvent, chain_hash
 from radixkv.cache.key import RadixKey, first_divergence
 from radixkv.cache.policies import make_sort_key
 from radixkv.cache.pool import EMPTY_SLOTS, as_slots
@@ -59,6 +60,8 @@ class RadixCache(PrefixCache):
         self.page_size, self.clock, self.disable = page_size, clock, disable
         self.eviction_policy = eviction_policy
         self.sort_key = make_sort_key(eviction_policy, **policy_params)
+        if hash_algo not in HASH_ALGOS:
+            raise ValueError(f"unknown hash {hash_algo!r}; valid: {', '.join(HASH_ALGOS)}")
         self.enable_events, self.hash_algo = enable_events, hash_algo
         self._events: list[KVEvent] = []
         self.reset()
@@ -66,6 +69,7 @@ class RadixCache(PrefixCache):
 
     # ---- bookkeeping ----------------------------------------------------------------------
     def reset(self) -> None:
+        self.epoch = getattr(self, "epoch", -1) + 1    # readers holding old nodes can tell
         self.root = TreeNode(RadixKey(), EMPTY_SLOTS, None, self.clock())
         self.root.lock_ref = 1                    # the root is permanently locked
         self._evictable = self._protected = 0
@@ -207,6 +211,8 @@ class RadixCache(PrefixCache):
         while pos < A:
             child = node.children.get(self._child_key(node, key, pos))
             if child is None:
+                # distinct slots are the pool's guarantee (a per-insert sort would cost ~5x
+                # the insert); check_invariants() catches a slot listed twice
                 new = TreeNode(key[pos:A], slots[pos:A].copy(), node, now)
                 new.priority = priority
                 node.children[self._child_key(node, key, pos)] = new

@@ -79,14 +79,18 @@ def parse_config_spec(spec: str) -> tuple[str, CacheConfig, dict]:
         k, eq, v = item.partition("=")
         if not eq:
             raise ValueError(f"config item {item!r} in {spec!r} is not key=value")
-        if k in _CACHE_KEYS:
-            cache_kw[_CACHE_KEYS[k]] = int(v) if k in ("page", "slru_threshold") else v
-        elif k in fields:
-            typ = type(getattr(SchedulerConfig(), k))
-            sched_kw[k] = (v.lower() in ("1", "true", "yes")) if typ is bool else typ(v)
-        else:
-            raise ValueError(f"unknown config key {k!r} in {spec!r}; cache keys: "
-                             f"{', '.join(_CACHE_KEYS)}; scheduler keys: {', '.join(fields)}")
+        try:
+            if k in _CACHE_KEYS:
+                cache_kw[_CACHE_KEYS[k]] = int(v) if k in ("page", "slru_threshold") else v
+                continue
+            if k in fields:
+                typ = type(getattr(SchedulerConfig(), k))
+                sched_kw[k] = (v.lower() in ("1", "true", "yes")) if typ is bool else typ(v)
+                continue
+        except ValueError:
+            raise ValueError(f"config key {k!r} in {spec!r}: bad value {v!r}") from None
+        raise ValueError(f"unknown config key {k!r} in {spec!r}; cache keys: "
+                         f"{', '.join(_CACHE_KEYS)}; scheduler keys: {', '.join(fields)}")
     cache = CacheConfig(**cache_kw)
     if "policy" in sched_kw and sched_kw["policy"] not in QUEUE_POLICIES:
         raise ValueError(f"unknown policy {sched_kw['policy']!r}; valid: {', '.join(QUEUE_POLICIES)}")

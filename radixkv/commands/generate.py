@@ -94,7 +94,8 @@ def _prompt_requests(args, tok, sampling, eos: int | None) -> list[Request]:
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
     stops = tuple(sampling.stop_token_ids) + ((eos,) if eos is not None else ())
     if path.suffix == ".jsonl" or first.lstrip().startswith("{"):
-        return [request_from_trace(tr, i, sampling, force=tr.output is not None)
+        return [request_from_trace(tr, i, replace(sampling, seed=sampling.seed + i),
+                                   force=tr.output is not None, stop_ids=stops)
                 for i, tr in enumerate(read_jsonl(path))]
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
@@ -135,9 +136,10 @@ def run(args: argparse.Namespace) -> int:
                                    max_new_tokens=None if tr.output else args.max_new_tokens)
                 for i, tr in enumerate(wl)]
         title = f"{wl.name} ({len(wl)} requests)"
-    bad = next((r for r in reqs if max(r.tokens) >= vocab), None)
+    bad = next((r for r in reqs if max(r.tokens + list(r.forced_output or ())) >= vocab), None)
     if bad is not None:
-        raise ValueError(f"request {bad.rid!r} holds token id {max(bad.tokens)} outside the model "
+        raise ValueError(f"request {bad.rid!r} holds token id "
+                         f"{max(bad.tokens + list(bad.forced_output or ()))} outside the model "
                          f"vocabulary [0, {vocab})")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype) if args.dtype else None

@@ -19,12 +19,13 @@ from radixkv.sched.scheduler import Scheduler
 
 
 def request_from_trace(tr, index: int, sampling=None, max_new_tokens: int | None = None,
-                       force: bool = True) -> Request:
+                       force: bool = True, stop_ids=()) -> Request:
     """A scheduler Request from a workload TraceRequest (scripted output when it has one)."""
     forced = tr.output if (force and tr.output is not None) else None
     return Request(tr.id, tr.prompt, max_new_tokens or max(tr.output_len, 1), arrival=tr.arrival,
                    forced_output=forced, extra_key=tr.extra_key, cache_salt=tr.cache_salt,
-                   priority=tr.priority, routing_key=tr.routing_key, sampling=sampling, index=index)
+                   priority=tr.priority, routing_key=tr.routing_key, sampling=sampling,
+                   stop_ids=stop_ids, index=index)
 
 
 class Engine:

@@ -76,7 +76,9 @@ class PrefillAdder:
         if self.rem_tokens <= 0:
             return AddResult.NO_TOKENS
         ps = self.pool.page_size
-        m = self.cache.match_prefix(req.match_key(), split=True)
+        # budget check on a pure read: a request refused for memory must not refresh access
+        # times or bump hit counts (LFU/SLRU would protect prefixes nobody was served)
+        m = self.cache.match_prefix(req.match_key(), split=False)
         extend = req.fill_len - m.prefix_len
         n = extend
         if extend > self.rem_tokens:
@@ -89,6 +91,7 @@ class PrefillAdder:
         need = round_up(m.prefix_len + n, ps) - m.prefix_len + self.own_reserve(req)
         if need > self.mem_budget():
             return AddResult.NO_MEMORY
+        m = self.cache.match_prefix(req.match_key(), split=True)   # same length; now lockable
         self.cache.inc_lock_ref(m.last_node)
         if need > self.mem_budget():               # the lock may have shrunk evictable
             self.cache.dec_lock_ref(m.last_node)

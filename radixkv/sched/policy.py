@@ -2,7 +2,8 @@
 
 Cache-aware orders ask the cache through the pure-read match (split=False), and keep each
 request's answer across rounds: a radix match can only change where it ended, so it is
-recomputed only when its last node was evicted or that node's children changed (TreeNode.cv).
+recomputed only when its last node was evicted, that node's children changed (TreeNode.cv),
+or the cache was reset (RadixCache.epoch).
 That keeps LPM cache-aware with thousands waiting, where SGLang falls back to FCFS past 128.
 """
 from __future__ import annotations
@@ -24,19 +25,21 @@ class MatchMemo:
 
     def __init__(self, cache: PrefixCache):
         self.cache = cache
-        self._memo: dict[int, tuple] = {}       # id(req) -> (fill, prefix_len, last_node, cv)
+        self._memo: dict[int, tuple] = {}       # id(req) -> (fill, prefix_len, last_node, cv, epoch)
         self.recomputed = self.reused = 0
 
     def get(self, req: Request) -> tuple[int, object]:
         """(prefix_len, last_node) of req.match_key() in the cache, without mutating it."""
         e = self._memo.get(id(req))
         fill = len(req.tokens)
-        if e is not None and e[0] == fill and self._valid(e[2], e[3]):
+        if e is not None and e[0] == fill and e[4] == getattr(self.cache, "epoch", 0) \
+                and self._valid(e[2], e[3]):
             self.reused += 1
             return e[1], e[2]
         m = self.cache.match_prefix(req.match_key(), split=False)
         node = m.last_node
-        self._memo[id(req)] = (fill, m.prefix_len, node, getattr(node, "cv", None))
+        self._memo[id(req)] = (fill, m.prefix_len, node, getattr(node, "cv", None),
+                               getattr(self.cache, "epoch", 0))
         self.recomputed += 1
         return m.prefix_len, node
 
@@ -129,6 +132,9 @@ def dfs_weight(waiting, memo, ctx):
         kids = [c for c in node.children.values() if id(c) in weight]
         kids.sort(key=lambda c: (weight[id(c)], -c.id))
         stack.extend((c, False) for c in kids)    # heaviest popped first
+    if len(out) < len(waiting):                   # a node not reachable from the root now
+        emitted = set(map(id, out))
+        out.extend(r for r in waiting if id(r) not in emitted)
     return out
 
 

@@ -11,11 +11,12 @@ last_node, priority): `key` covers exactly the tokens whose KV is computed.
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any, Sequence
 
 import numpy as np
 
-from radixkv.cache.key import RadixKey
+from radixkv.cache.key import RadixKey, pack_tokens
 from radixkv.cache.pool import EMPTY_SLOTS, SLOT_DTYPE
 
 STOP = -1          # the sentinel a scripted (workload-driven) request "samples" at its end
@@ -36,9 +37,13 @@ class Request:
         self.prompt_key = RadixKey(prompt, extra_key, cache_salt)    # validates the ids
         if len(self.prompt_key) == 0:
             raise ValueError(f"request {rid!r} has an empty prompt")
-        if forced_output is not None:
-            forced_output = tuple(int(t) for t in forced_output)
+        if forced_output is not None:                         # same checks as the prompt's ids
+            forced_output = tuple(memoryview(pack_tokens(forced_output)).cast("I"))
             max_new_tokens = len(forced_output) + 1           # the reply, then the stop
+        if not (isinstance(arrival, (int, float)) and math.isfinite(arrival) and arrival >= 0):
+            raise ValueError(f"request {rid!r}: arrival must be a finite time >= 0, got {arrival!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"request {rid!r}: priority must be an int, got {priority!r}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"request {rid!r}: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         self.rid, self.arrival, self.index = rid, float(arrival), index

@@ -20,7 +20,7 @@ from radixkv.cache.nocache import NoCache
 from radixkv.cache.pool import EMPTY_SLOTS, SlotPool
 from radixkv.config import SchedulerConfig
 from radixkv.sched.batch import BatchPlan, Segment, StepResult
-from radixkv.sched.admission import AddResult, Counters, PrefillAdder, alloc_slots, round_up
+from radixkv.sched.admission import AddResult, Counters, PrefillAdder, alloc_slots
 from radixkv.sched.policy import QUEUE_ORDERS, InBatchDedup, MatchMemo, OrderContext
 from radixkv.sched.request import Request, Status
 
@@ -53,6 +53,7 @@ class Scheduler:
         self.counters = Counters()
         self.new_token_ratio = cfg.init_new_token_ratio
         self.on_admit = on_admit
+        self._falling_back = False
 
     def add(self, req: Request) -> None:
         """Queue a request; `waiting` stays in arrival order, so fcfs needs no sort."""
@@ -85,10 +86,13 @@ class Scheduler:
         cfg = self.cfg
         if (cfg.policy in ("lpm", "dfs-weight") and cfg.lpm_fallback_threshold
                 and len(self.waiting) > cfg.lpm_fallback_threshold):
-            self.counters.lpm_fallbacks += 1
-            log.warning("%d waiting > %d: %s falls back to fcfs this round", len(self.waiting),
-                        cfg.lpm_fallback_threshold, cfg.policy)
+            self.counters.lpm_fallbacks += 1          # counted per round, logged per episode
+            if not self._falling_back:
+                log.warning("%d waiting > %d: %s falls back to fcfs until the queue shrinks",
+                            len(self.waiting), cfg.lpm_fallback_threshold, cfg.policy)
+            self._falling_back = True
             return QUEUE_ORDERS.get("fcfs")(self.waiting, self.memo, self.ctx)
+        self._falling_back = False
         return self.order(self.waiting, self.memo, self.ctx)
 
     def _schedule_prefill(self, plan: BatchPlan, now: float) -> None:
@@ -182,7 +186,7 @@ class Scheduler:
         """Apply one step's result; returns the requests that finished."""
         finished = []
         n_ext = len(plan.extends)
-        for i, (seg, tok) in enumerate(zip(plan.segments, result.tokens)):
+        for i, (seg, tok) in enumerate(zip(plan.segments, result.tokens, strict=True)):
             req = seg.req
             req.num_computed += seg.n
             if i < n_ext:
