@@ -208,8 +208,7 @@ class Scheduler:
         return finished
 
     def _finish(self, req: Request, now: float) -> None:
-        self.pool.free(self.cache.cache_finished_req(req))
-        req.slots, req.cached_len, req.last_node = EMPTY_SLOTS, 0, None
+        self.pool.free(self.cache.cache_finished_req(req))      # it also resets the request's cache share
         if req.status is Status.RUNNING:
             self.running.remove(req)
         req.status = Status.FINISHED
