@@ -28,7 +28,7 @@ from radixkv.cache.events import HASH_ALGOS
 from radixkv.cache.factory import CACHES
 from radixkv.cache.key import RadixKey
 from radixkv.cache.nocache import NoCache
-from radixkv.cache.pool import SlotPool
+from radixkv.cache.pool import SlotPool, round_up
 from radixkv.cache.radix import RadixCache
 from radixkv.workloads import TraceRequest
 
@@ -89,16 +89,12 @@ def build_cache(name: str, page_size: int = 1, block_size: int = 16, eviction: s
     return cls()
 
 
-def _round_up(n: int, page: int) -> int:
-    return -(-n // page) * page
-
-
 def pool_size(requests: Iterable[TraceRequest], page_size: int, capacity: int | None) -> int:
     """Slots for the pool: `capacity` rounded down to whole pages, or with capacity None the
     workload's total page-rounded prompt + output tokens (nothing is ever evicted).
     Raises ValueError when one request's page-rounded prompt + output exceeds it."""
     reqs = list(requests)
-    need = [_round_up(len(r.prompt) + r.output_len, page_size) for r in reqs]
+    need = [round_up(len(r.prompt) + r.output_len, page_size) for r in reqs]
     if capacity is None:
         return max(sum(need), page_size)
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
@@ -138,7 +134,7 @@ def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int |
             filler += r.output_len
         full = key + out if len(out) else key
         n_new = len(full) - m.prefix_len
-        short = _round_up(n_new, ps) - pool.available()
+        short = round_up(n_new, ps) - pool.available()
         while short > 0:
             freed = cache.evict(short)
             if not freed.size:
@@ -147,7 +143,7 @@ def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int |
                                  f"{m.prefix_len:,}, and nothing more is evictable")
             evicted += freed.size
             pool.free(freed)
-            short = _round_up(n_new, ps) - pool.available()
+            short = round_up(n_new, ps) - pool.available()
         new = pool.alloc(n_new)
         slots = np.concatenate((m.slots, new)) if m.prefix_len else new
         res = cache.insert(full, slots[:len(full)])

@@ -24,10 +24,10 @@ import numpy as np
 
 from radixkv.cache.base import InsertResult, MatchResult, PrefixCache, as_key
 from radixkv.cache.events import HASH_ALGOS, KVEvent, chain_hash
-from radixkv.cache.key import RadixKey
+from radixkv.cache.key import TOKEN_BYTES, RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS, as_slots
 
-_ITEM = 4
+_ITEM = TOKEN_BYTES
 
 
 def _first_repeat(ids: np.ndarray) -> int:

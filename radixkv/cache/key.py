@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-_ITEM = 4                       # bytes per token id (uint32)
+TOKEN_BYTES = _ITEM = 4         # bytes per token id (uint32)
 _MAX_TOKEN = 2**32 - 1
 
 

@@ -14,6 +14,11 @@ EMPTY_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
 EMPTY_SLOTS.flags.writeable = False
 
 
+def round_up(n: int, page: int) -> int:
+    """n rounded up to whole pages."""
+    return -(-n // page) * page
+
+
 class OutOfSlotsError(RuntimeError):
     """Raised by SlotPool.alloc when fewer slots are free than asked for."""
 

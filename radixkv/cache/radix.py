@@ -20,11 +20,11 @@ import numpy as np
 
 from radixkv.cache.base import InsertResult, MatchResult, PrefixCache, as_key
 from radixkv.cache.events import HASH_ALGOS, KVEvent, chain_hash
-from radixkv.cache.key import RadixKey, first_divergence
+from radixkv.cache.key import TOKEN_BYTES, RadixKey, first_divergence
 from radixkv.cache.policies import make_sort_key
 from radixkv.cache.pool import EMPTY_SLOTS, as_slots
 
-_ITEM = 4
+_ITEM = TOKEN_BYTES
 _ids = itertools.count()
 _versions = itertools.count(1)     # heap-entry versions, unique across nodes: ties never compare nodes
 

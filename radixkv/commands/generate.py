@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from radixkv.cache.pool import round_up
 from radixkv.commands._common import load_from_args
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
 from radixkv.engine.engine import Engine, request_from_trace
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     if args.chunked_prefill and 0 < args.chunked_prefill < page:
         raise ValueError(f"--chunked-prefill {args.chunked_prefill} is below the page size {page}: "
                          f"no chunk could ever be scheduled")
-    capacity = -(-args.kv_capacity // page) * page
+    capacity = round_up(args.kv_capacity, page)
     cfg = EngineConfig(kv_capacity=capacity, cache=CacheConfig(args.cache, page),
                        sched=SchedulerConfig(**({} if args.chunked_prefill is None
                                                 else {"chunked_prefill_size": args.chunked_prefill})))

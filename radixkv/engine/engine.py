@@ -13,7 +13,7 @@ from radixkv.cache.pool import SlotPool
 from radixkv.config import EngineConfig
 from radixkv.engine.executor import Executor
 from radixkv.engine.metrics import EngineReport, RequestRecord
-from radixkv.sched.admission import round_up
+from radixkv.cache.pool import round_up
 from radixkv.sched.request import Request, Status
 from radixkv.sched.scheduler import Scheduler
 

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from radixkv.cache.base import PrefixCache
-from radixkv.cache.pool import SlotPool
+from radixkv.cache.pool import SlotPool, round_up
 from radixkv.sched.request import Request
 
 
@@ -43,10 +43,6 @@ def alloc_slots(pool: SlotPool, cache: PrefixCache, n: int, counters: Counters |
             counters.evicted_tokens += len(freed)
         pool.free(freed)
     return pool.alloc(n)
-
-
-def round_up(n: int, page: int) -> int:
-    return -(-n // page) * page
 
 
 class PrefillAdder:

@@ -30,29 +30,19 @@ def test_request_capacity_check_rounds_to_pages():
     eng.run_until_idle()
 
 
-@pytest.mark.parametrize("field, value, valid", [
-    ("policy", "lpmx", QUEUE_POLICIES),
-    ("policy", None, QUEUE_POLICIES),
-    ("retract_policy", "oldest", RETRACT_POLICIES),
+@pytest.mark.parametrize("cls, field, value, valid", [
+    (SchedulerConfig, "policy", "lpmx", QUEUE_POLICIES),
+    (SchedulerConfig, "policy", None, QUEUE_POLICIES),
+    (SchedulerConfig, "retract_policy", "oldest", RETRACT_POLICIES),
+    (CacheConfig, "kind", "trie", ("radix", "blockhash", "none")),
+    (CacheConfig, "eviction", "lruu", ("lru", "mru", "fifo", "filo", "lfu", "slru", "priority", "belady")),
+    (CacheConfig, "hash_algo", "md5", ("sha256", "xxhash")),
 ])
-def test_unknown_scheduler_names_list_the_valid_ones(field, value, valid):
+def test_unknown_names_list_the_valid_ones(cls, field, value, valid):
     with pytest.raises(ValueError) as ei:
-        SchedulerConfig(**{field: value})
+        cls(**{field: value})
     msg = str(ei.value)
-    assert f"SchedulerConfig.{field}" in msg and repr(value) in msg
-    assert all(name in msg for name in valid)
-
-
-@pytest.mark.parametrize("field, value, valid", [
-    ("kind", "trie", ("radix", "blockhash", "none")),
-    ("eviction", "lruu", ("lru", "mru", "fifo", "filo", "lfu", "slru", "priority", "belady")),
-    ("hash_algo", "md5", ("sha256", "xxhash")),
-])
-def test_unknown_cache_names_list_the_valid_ones(field, value, valid):
-    with pytest.raises(ValueError) as ei:
-        CacheConfig(**{field: value})
-    msg = str(ei.value)
-    assert f"CacheConfig.{field}" in msg and repr(value) in msg
+    assert f"{cls.__name__}.{field}" in msg and repr(value) in msg
     assert all(name in msg for name in valid)
 
 
