@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from radixkv.commands.generate import CPU_DEFAULTS  # noqa: E402
 from radixkv.config import CacheConfig, EngineConfig  # noqa: E402
 from radixkv.engine.engine import Engine, request_from_trace  # noqa: E402
-from radixkv.engine.executor_torch import TorchExecutor  # noqa: E402
+from radixkv.model.executor import TorchExecutor  # noqa: E402
 from radixkv.sched.request import Request  # noqa: E402
 from radixkv.workloads import make_workload  # noqa: E402
 

@@ -23,7 +23,7 @@ from rich.table import Table
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
-from radixkv.engine.costmodel import CostModel
+from radixkv.sim.costmodel import CostModel
 from radixkv.replay import replay
 from radixkv.sched.request import Request
 from radixkv.sched.scheduler import Scheduler

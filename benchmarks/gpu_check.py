@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from radixkv.commands.generate import CPU_DEFAULTS  # noqa: E402
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
 from radixkv.engine.engine import Engine, request_from_trace  # noqa: E402
-from radixkv.engine.executor_torch import TorchExecutor  # noqa: E402
-from radixkv.engine.model import Transformer  # noqa: E402
-from radixkv.engine.model_config import get_model_config  # noqa: E402
-from radixkv.engine.sampling import SamplingParams  # noqa: E402
+from radixkv.model.executor import TorchExecutor  # noqa: E402
+from radixkv.model.model import Transformer  # noqa: E402
+from radixkv.shapes import get_model_config  # noqa: E402
+from radixkv.model.sampling import SamplingParams  # noqa: E402
 from radixkv.sched.request import Request  # noqa: E402
 from radixkv.workloads import make_workload  # noqa: E402
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
-from radixkv.engine.costmodel import CostModel
+from radixkv.sim.costmodel import CostModel
 from radixkv.engine.engine import Engine, request_from_trace
-from radixkv.engine.executor_sim import SimExecutor
+from radixkv.sim.executor import SimExecutor
 from radixkv.engine.metrics import EngineReport
-from radixkv.engine.oracle import FutureOracle
+from radixkv.sim.oracle import FutureOracle
 from radixkv.sched.request import Request
 
 

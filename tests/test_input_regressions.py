@@ -10,7 +10,7 @@ from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
 from radixkv.config import EngineConfig, SchedulerConfig
 from radixkv.engine.engine import Engine
-from radixkv.engine.executor_sim import SimExecutor
+from radixkv.sim.executor import SimExecutor
 from radixkv.sched.admission import AddResult, Counters, PrefillAdder
 from radixkv.sched.policy import MatchMemo, OrderContext, dfs_weight
 from radixkv.sched.request import Request

@@ -1,9 +1,14 @@
 """Layering: each layer imports only from the layers below it.
 
-    cache/      nothing above it (no sched, engine, server, router, workloads, commands, cli,
-                config, ...), and never torch: it runs on any CPU
-    sched/      nothing from engine, server, router, commands, cli
-    workloads/  nothing from sched or engine
+    cache/      nothing above it (no sched, engine, model, sim, server, router, workloads,
+                commands, cli, config, ...), and never torch: it runs on any CPU
+    sched/      nothing from engine, model, sim, server, router, commands, cli
+    engine/     the loop, the executor protocol and metrics: never model/ or sim/ (it does not
+                know which executor runs)
+    model/      the real model and its executor: never sim/
+    sim/        the simulated GPU: never model/, and never torch (the named model shapes both
+                use live in shapes.py, a leaf)
+    workloads/  nothing from sched, engine, model or sim
 
 Every import statement counts, including lazy ones inside functions and TYPE_CHECKING blocks.
 """
@@ -19,13 +24,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "radixkv"
 
+_TOP = {"server", "router", "commands", "cli", "simulate", "replay", "plot", "__main__"}
 FORBIDDEN = {
-    "cache": {"sched", "engine", "server", "router", "workloads", "commands", "cli", "config",
-              "simulate", "replay", "plot", "__main__"},
-    "sched": {"engine", "server", "router", "commands", "cli", "simulate", "replay", "plot",
-              "__main__"},
-    "workloads": {"sched", "engine", "server", "router", "commands", "cli", "simulate"},
+    "cache": {"sched", "engine", "model", "sim", "workloads", "config"} | _TOP,
+    "sched": {"engine", "model", "sim"} | _TOP,
+    "engine": {"model", "sim"} | _TOP,
+    "model": {"sim"} | _TOP,
+    "sim": {"model"} | _TOP,
+    "workloads": {"sched", "engine", "model", "sim"} | _TOP,
+    "shapes": {"cache", "sched", "engine", "model", "sim", "workloads", "config"} | _TOP,
 }
+NO_TORCH = {"cache", "sim"}
 
 
 def module_name(path: Path) -> str:
@@ -57,7 +66,7 @@ def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, st
 
 
 def layer_files(layer: str) -> list[Path]:
-    files = sorted((PKG / layer).rglob("*.py"))
+    files = sorted((PKG / layer).rglob("*.py")) if (PKG / layer).is_dir() else [PKG / f"{layer}.py"]
     assert files, f"no modules under radixkv/{layer}"
     return files
 
@@ -70,7 +79,7 @@ def violations(layer: str) -> list[str]:
             parts = target.split(".")
             if parts[0] == "radixkv" and len(parts) > 1 and parts[1] in FORBIDDEN[layer]:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
-            if layer == "cache" and parts[0] == "torch":
+            if layer in NO_TORCH and parts[0] == "torch":
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
     return bad
 
@@ -100,7 +109,7 @@ def test_cache_and_scheduler_import_without_torch():
             "import radixkv.cache, radixkv.sched.scheduler\n"
             "import radixkv.cache.radix, radixkv.cache.blockhash, radixkv.cache.nocache\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n"
-            "import radixkv.engine.engine, radixkv.engine.executor_sim, radixkv.simulate\n"
+            "import radixkv.engine.engine, radixkv.sim.executor, radixkv.simulate\n"
             "assert 'torch' not in sys.modules, 'the simulator imported torch'\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from radixkv.config import QUEUE_POLICIES, CacheConfig, SchedulerConfig
-from radixkv.engine.specs import GPU_SPECS, MODEL_SPECS
+from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
 from radixkv.replay import parse_capacity
 from radixkv.workloads import GENERATORS, Workload, load_workload, make_workload
 

@@ -17,7 +17,7 @@ from rich.table import Table
 from radixkv.commands._common import (add_model_args, add_workload_args, capacity_from_args,
                                       load_from_args, parse_config_spec)
 from radixkv.config import EngineConfig, SchedulerConfig
-from radixkv.engine.costmodel import CostModel
+from radixkv.sim.costmodel import CostModel
 from radixkv.plot import plot_compare
 from radixkv.simulate import Named, compare, reference_configs
 

@@ -20,8 +20,8 @@ from radixkv.cache.pool import round_up
 from radixkv.commands._common import load_from_args
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
 from radixkv.engine.engine import Engine, request_from_trace
-from radixkv.engine.model_config import MODEL_CONFIGS, ModelArgs
-from radixkv.engine.tokenizer import load_tokenizer
+from radixkv.shapes import MODEL_CONFIGS, ModelArgs
+from radixkv.model.tokenizer import load_tokenizer
 from radixkv.sched.request import Request
 from radixkv.workloads import GENERATORS, read_jsonl
 
@@ -83,7 +83,7 @@ def _model_args(name: str) -> ModelArgs:
     if not Path(name).is_dir():
         raise ValueError(f"unknown model {name!r}: not a named shape ({', '.join(MODEL_CONFIGS)}) "
                          f"nor a checkpoint directory")
-    from radixkv.engine.weights import args_from_hf_config, read_hf_config
+    from radixkv.model.weights import args_from_hf_config, read_hf_config
     return args_from_hf_config(read_hf_config(name), where=f"{name}/config.json")
 
 
@@ -109,8 +109,8 @@ def _prompt_requests(args, tok, sampling, eos: int | None) -> list[Request]:
 def run(args: argparse.Namespace) -> int:
     import torch                                  # the torch extra is needed only here
 
-    from radixkv.engine.executor_torch import TorchExecutor
-    from radixkv.engine.sampling import SamplingParams
+    from radixkv.model.executor import TorchExecutor
+    from radixkv.model.sampling import SamplingParams
 
     margs = _model_args(args.model)
     if args.threads < 1:

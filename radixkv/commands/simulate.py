@@ -13,7 +13,7 @@ from rich.table import Table
 
 from radixkv.commands._common import add_model_args, add_workload_args, capacity_from_args, load_from_args
 from radixkv.config import QUEUE_POLICIES, RETRACT_POLICIES, CacheConfig, EngineConfig, SchedulerConfig
-from radixkv.engine.costmodel import CostModel
+from radixkv.sim.costmodel import CostModel
 from radixkv.simulate import run_config
 
 

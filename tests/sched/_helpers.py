@@ -4,10 +4,10 @@ from __future__ import annotations
 import itertools
 
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
-from radixkv.engine.costmodel import CostModel
+from radixkv.sim.costmodel import CostModel
 from radixkv.engine.engine import Engine, request_from_trace
-from radixkv.engine.executor_sim import SimExecutor
-from radixkv.engine.oracle import FutureOracle
+from radixkv.sim.executor import SimExecutor
+from radixkv.sim.oracle import FutureOracle
 from radixkv.sched.batch import StepResult
 
 COST = CostModel.named("llama-3-8b", "h100-sxm")

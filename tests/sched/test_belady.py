@@ -13,7 +13,7 @@ import pytest
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
 from radixkv.config import CacheConfig, SchedulerConfig
-from radixkv.engine.oracle import FutureOracle
+from radixkv.sim.oracle import FutureOracle
 from radixkv.sched.request import Request
 
 from ._helpers import logical_clock, make_engine, toks

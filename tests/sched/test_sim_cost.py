@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from radixkv.config import CacheConfig, SchedulerConfig
-from radixkv.engine.costmodel import CostModel
-from radixkv.engine.executor_sim import SimExecutor
+from radixkv.sim.costmodel import CostModel
+from radixkv.sim.executor import SimExecutor
 from radixkv.sched.batch import BatchPlan, Segment
 from radixkv.sched.request import Request
 

@@ -14,10 +14,10 @@ import torch
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
 from radixkv.engine.engine import Engine
 from radixkv.engine.executor import BatchPlan, Segment
-from radixkv.engine.executor_torch import TorchExecutor
-from radixkv.engine.model import Transformer
-from radixkv.engine.model_config import get_model_config
-from radixkv.engine.sampling import SamplingParams
+from radixkv.model.executor import TorchExecutor
+from radixkv.model.model import Transformer
+from radixkv.shapes import get_model_config
+from radixkv.model.sampling import SamplingParams
 from radixkv.sched.request import Request
 from radixkv.workloads import make_workload
 

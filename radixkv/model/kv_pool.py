@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from radixkv.engine.model_config import ModelArgs
+from radixkv.shapes import ModelArgs
 
 
 class KVPool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from radixkv.engine.model_config import ModelArgs, get_model_config
+from radixkv.shapes import ModelArgs, get_model_config
 
 
 def _positive(owner: str, field: str, value: float) -> None:

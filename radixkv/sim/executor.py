@@ -3,7 +3,7 @@ the workload's script (the engine asks each request for its next token), so a si
 deterministic and its cache behaviour is exactly what the real engine would do."""
 from __future__ import annotations
 
-from radixkv.engine.costmodel import CostModel
+from radixkv.sim.costmodel import CostModel
 from radixkv.engine.executor import BatchPlan, StepResult
 
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from radixkv.engine.kv_pool import AttnBatch, KVPool
-from radixkv.engine.model_config import ModelArgs
+from radixkv.model.kv_pool import AttnBatch, KVPool
+from radixkv.shapes import ModelArgs
 
 
 def rope_inv_freq(args: ModelArgs) -> Tensor:

@@ -1,6 +1,6 @@
 """Step-time model of a simulated GPU (roofline: compute time vs. bytes read), torch-free.
 
-Notation (`ModelSpec` / `GPUSpec` in radixkv.engine.specs):
+Notation (`ModelSpec` / `GPUSpec` in radixkv.sim.specs):
   P   = model.num_nonembed_params (LM head included, embedding lookup not)
   A   = 4 * n_layers * n_heads * head_dim   FLOPs per (query token, attended token): QK^T and
         PV are each n_heads*head_dim multiply-adds per layer, 2 FLOPs per multiply-add
@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixkv.engine.specs import GPUSpec, ModelSpec, get_gpu, get_model_spec
+from radixkv.sim.specs import GPUSpec, ModelSpec, get_gpu, get_model_spec
 
 # Host-side cost of one engine iteration in a Python serving loop: scheduling, building the
 # batch metadata, copying inputs to the device, sampling and handing tokens back. An

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from radixkv.engine.model_config import get_model_config
-from radixkv.engine.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from radixkv.shapes import get_model_config
+from radixkv.model.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 
 def test_byte_tokenizer_matches_tiny_llama():

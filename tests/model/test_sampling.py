@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from radixkv.engine.sampling import SamplingParams, sample
+from radixkv.model.sampling import SamplingParams, sample
 
 V = 50
 

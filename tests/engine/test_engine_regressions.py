@@ -3,7 +3,7 @@ import pytest
 
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
 from radixkv.engine.engine import Engine
-from radixkv.engine.executor_sim import SimExecutor
+from radixkv.sim.executor import SimExecutor
 from radixkv.sched.request import Request
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from radixkv.engine.model import Transformer
-from radixkv.engine.model_config import ModelArgs, get_model_config
-from radixkv.engine.weights import (args_from_hf_config, hf_config_from_args, load_hf_checkpoint,
+from radixkv.model.model import Transformer
+from radixkv.shapes import ModelArgs, get_model_config
+from radixkv.model.weights import (args_from_hf_config, hf_config_from_args, load_hf_checkpoint,
                                    save_hf_checkpoint)
 
 ARGS = ModelArgs("w", vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from radixkv.engine.kv_pool import AttnBatch, KVPool
-from radixkv.engine.model import Transformer
-from radixkv.engine.model_config import ModelArgs, get_model_config
+from radixkv.model.kv_pool import AttnBatch, KVPool
+from radixkv.model.model import Transformer
+from radixkv.shapes import ModelArgs, get_model_config
 
 ATOL, RTOL = 1e-5, 1e-5      # torch.allclose defaults; fp32 matmul blocking differs by shape
 CONFIGS = {

@@ -27,10 +27,10 @@ from torch import Tensor
 
 from radixkv import env
 from radixkv.engine.executor import BatchPlan, StepResult
-from radixkv.engine.kv_pool import AttnBatch, KVPool
-from radixkv.engine.model import Transformer, apply_rope
-from radixkv.engine.model_config import ModelArgs, get_model_config
-from radixkv.engine.sampling import SamplingParams, sample
+from radixkv.model.kv_pool import AttnBatch, KVPool
+from radixkv.model.model import Transformer, apply_rope
+from radixkv.shapes import ModelArgs, get_model_config
+from radixkv.model.sampling import SamplingParams, sample
 
 GREEDY = SamplingParams()
 _BIG_MODEL = 200_000_000   # random weights above this many parameters are drawn on the device
@@ -122,7 +122,7 @@ class TorchExecutor:
         device = resolve_device(device)
         dtype = dtype or default_dtype(device)
         if Path(name_or_dir).is_dir():
-            from radixkv.engine.weights import load_hf_checkpoint
+            from radixkv.model.weights import load_hf_checkpoint
             model, args = load_hf_checkpoint(name_or_dir, device=device, dtype=dtype)
             return cls(model, args, num_slots, device, dtype, **kw)
         args = get_model_config(name_or_dir)

@@ -6,10 +6,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from radixkv.engine.kv_pool import AttnBatch, KVPool  # noqa: E402
-from radixkv.engine.model import Transformer, rope_inv_freq  # noqa: E402
-from radixkv.engine.model_config import ModelArgs, get_model_config  # noqa: E402
-from radixkv.engine.weights import load_hf_checkpoint, save_hf_checkpoint  # noqa: E402
+from radixkv.model.kv_pool import AttnBatch, KVPool  # noqa: E402
+from radixkv.model.model import Transformer, rope_inv_freq  # noqa: E402
+from radixkv.shapes import ModelArgs, get_model_config  # noqa: E402
+from radixkv.model.weights import load_hf_checkpoint, save_hf_checkpoint  # noqa: E402
 
 ATOL = 1e-4
 CONFIGS = {

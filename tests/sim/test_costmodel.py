@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from radixkv.engine.costmodel import DEFAULT_STEP_OVERHEAD_S, CostModel
-from radixkv.engine.model_config import ModelArgs, get_model_config
-from radixkv.engine.specs import (GPU_SPECS, MODEL_SPECS, GPUSpec, ModelSpec, ServingSpec,
+from radixkv.sim.costmodel import DEFAULT_STEP_OVERHEAD_S, CostModel
+from radixkv.shapes import ModelArgs, get_model_config
+from radixkv.sim.specs import (GPU_SPECS, MODEL_SPECS, GPUSpec, ModelSpec, ServingSpec,
                                   get_gpu, get_model_spec, kv_capacity_tokens)
 
 # Toy shape: dim 8, 2 layers, 2 heads of head_dim 4, 1 KV head, MLP 16, vocab 10.

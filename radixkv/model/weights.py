@@ -15,8 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from radixkv.engine.model import Transformer
-from radixkv.engine.model_config import ModelArgs
+from radixkv.model.model import Transformer
+from radixkv.shapes import ModelArgs
 
 _SUPPORTED = {"llama", "qwen2", "mistral"}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)          # stored by some older exports; recomputed here
