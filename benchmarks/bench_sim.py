@@ -20,6 +20,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from radixkv.cache.base import CacheReq
+from radixkv.cache.manager import CacheManager
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -67,21 +69,22 @@ def _round_cost(n_waiting: int, rounds: int = 60) -> float:
     wl = make_workload("support", num_users=max(n_waiting // 4, 50), turns=5, seed=1)
     reqs = [Request(tr.id, tr.prompt, 1, forced_output=tr.output, index=i)
             for i, tr in enumerate(wl)]
-    cache = RadixCache(clock=iter(range(1 << 60)).__next__)
-    pool = SlotPool(4_000_000)
+    mgr = CacheManager(RadixCache(clock=iter(range(1 << 60)).__next__), SlotPool(4_000_000))
 
-    def put(key):
-        s = pool.alloc(len(key))
-        pool.free(s[: cache.insert(key, s).prefix_len])
+    def put(key):                                       # as a finished request leaves it
+        done = CacheReq(key)
+        mgr.admit(done, key, len(key))
+        mgr.cache_req(done, finished=True)
 
     warm, rest = reqs[: len(reqs) // 2], reqs[len(reqs) // 2:]
     for r in warm:                                      # a warm tree: half the traffic cached
         put(r.prompt_key)
-    sched = Scheduler(SchedulerConfig(policy="lpm", max_running_requests=64), cache, pool)
+    sched = Scheduler(SchedulerConfig(policy="lpm", max_running_requests=64), mgr)
     for r in rest[:n_waiting]:
         sched.add(r)
     for r in warm[:64]:                                 # the running batch (spare slots: no alloc)
-        r.slots, r.num_computed = pool.alloc(len(r.tokens) + 64), len(r.tokens) - 1
+        mgr.admit(r, r.match_key(), len(r.tokens) + 64)
+        r.num_computed = len(r.tokens) - 1
         sched.running.append(r)
     sched.schedule(0.0)
     rng, times = np.random.default_rng(0), []

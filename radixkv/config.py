@@ -6,19 +6,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from radixkv.validate import choice, fraction, int_at_least, positive_int
 
-def _pos_int(obj, *names: str, allow_zero: bool = False) -> None:
+
+def _ints(obj, *names: str, lo: int = 1) -> None:
     for n in names:
-        v = getattr(obj, n)
-        lo = 0 if allow_zero else 1
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{type(obj).__name__}.{n} must be an int >= {lo}, got {v!r}")
+        int_at_least(getattr(obj, n), f"{type(obj).__name__}.{n}", lo)
 
 
-def _choice(obj, name: str, valid) -> None:
-    v = getattr(obj, name)
-    if v not in valid:
-        raise ValueError(f"{type(obj).__name__}.{name}: unknown {v!r}; valid: {', '.join(valid)}")
+def _choice(obj, name: str, kind: str, valid) -> None:
+    try:
+        choice(getattr(obj, name), kind, valid)
+    except ValueError as e:
+        raise ValueError(f"{type(obj).__name__}.{name}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,15 @@ class CacheConfig:
     enable_events: bool = False
 
     def __post_init__(self):
+        from radixkv.cache.events import HASH_ALGOS
         from radixkv.cache.factory import CACHES
         from radixkv.cache.policies import EVICTION_POLICIES
-        _choice(self, "kind", CACHES.names())
-        _pos_int(self, "page_size", "slru_threshold")
-        _choice(self, "eviction", EVICTION_POLICIES.names())
-        from radixkv.cache.events import HASH_ALGOS
-        _choice(self, "hash_algo", HASH_ALGOS)
-        if self.kind == "blockhash" and self.eviction not in ("lru",):
+        _choice(self, "kind", "cache", CACHES)
+        positive_int(self.page_size, "CacheConfig.page_size")     # the cache's own wording
+        _ints(self, "slru_threshold")
+        _choice(self, "eviction", "eviction policy", EVICTION_POLICIES)
+        _choice(self, "hash_algo", "hash", HASH_ALGOS)
+        if self.kind == "blockhash" and self.eviction != "lru":
             raise ValueError(f"blockhash caches evict in LRU order only, got eviction={self.eviction!r}")
 
     def build(self, **extra):
@@ -56,15 +57,9 @@ class CacheConfig:
 
     @property
     def label(self) -> str:
-        if self.kind == "none":
-            return "none"
-        if self.kind == "blockhash":
-            return f"blockhash{self.page_size}"
-        return f"radix/p{self.page_size}/{self.eviction}"
-
-
-QUEUE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "routing-key", "priority")
-RETRACT_POLICIES = ("most-remaining", "least-progress", "newest")
+        """The label the built cache reports: "radix p1 lru", "blockhash b16 sha256", "none"."""
+        from radixkv.cache.factory import CACHES
+        return CACHES.get(self.kind).describe(self.page_size, self.eviction, self.hash_algo)
 
 
 @dataclass(frozen=True)
@@ -86,15 +81,14 @@ class SchedulerConfig:
     seed: int = 0                         # for the random policy
 
     def __post_init__(self):
-        _choice(self, "policy", QUEUE_POLICIES)
-        _choice(self, "retract_policy", RETRACT_POLICIES)
-        _pos_int(self, "max_prefill_tokens", "max_running_requests")
-        _pos_int(self, "chunked_prefill_size", "dedup_check_threshold", "dedup_hold_threshold",
-                 "lpm_fallback_threshold", "seed", allow_zero=True)
+        from radixkv.sched.policy import QUEUE_ORDERS, RETRACT_ORDERS
+        _choice(self, "policy", "queue policy", QUEUE_ORDERS)
+        _choice(self, "retract_policy", "retract policy", RETRACT_ORDERS)
+        _ints(self, "max_prefill_tokens", "max_running_requests")
+        _ints(self, "chunked_prefill_size", "dedup_check_threshold", "dedup_hold_threshold",
+              "lpm_fallback_threshold", "seed", lo=0)
         for n in ("init_new_token_ratio", "min_new_token_ratio", "new_token_ratio_decay"):
-            v = getattr(self, n)
-            if not isinstance(v, (int, float)) or not 0 <= v <= 1:
-                raise ValueError(f"SchedulerConfig.{n} must be in [0, 1], got {v!r}")
+            fraction(getattr(self, n), f"SchedulerConfig.{n}")
         if self.min_new_token_ratio > self.init_new_token_ratio:
             raise ValueError("min_new_token_ratio must not exceed init_new_token_ratio")
 
@@ -115,7 +109,7 @@ class EngineConfig:
     name: str = ""
 
     def __post_init__(self):
-        _pos_int(self, "kv_capacity")
+        _ints(self, "kv_capacity")
         ps, chunk = self.cache.page_size, self.sched.chunked_prefill_size
         if chunk and self.sched.prefill_budget < ps:
             raise ValueError(f"chunked prefill budget {self.sched.prefill_budget} is smaller than "

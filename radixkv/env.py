@@ -15,12 +15,3 @@ def device() -> str:
         return explicit
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def traces_dir() -> str | None:
-    """Where shared third-party traces live (RADIXKV_TRACES), if set."""
-    return _get("TRACES")
-
-
-def log_level() -> str:
-    return _get("LOG_LEVEL", "WARNING") or "WARNING"

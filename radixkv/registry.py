@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Callable, Generic, Iterator, TypeVar
 
+from radixkv.validate import choice
+
 T = TypeVar("T")
 
 
@@ -23,10 +25,7 @@ class Registry(Generic[T]):
         self._items[name] = obj
 
     def get(self, name: str) -> T:
-        try:
-            return self._items[name]
-        except (KeyError, TypeError):
-            raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(self.names())}") from None
+        return self._items[choice(name, self.kind, self._items)]
 
     def names(self) -> list[str]:
         return list(self._items)

@@ -1,14 +1,18 @@
 """Sequential replay: a workload through one prefix cache, one request at a time.
 
-Each request, in arrival order, is served as a batch-of-one server would serve it:
+Each request, in arrival order, is served as a batch-of-one server would serve it, through the
+same CacheManager the engine's scheduler uses:
 
-1. match the prompt minus its last token (that token is always recomputed, as in vLLM's
-   len - 1 rule) and lock the hit;
-2. allocate slots for the rest of prompt + output from a `SlotPool` of `capacity` tokens,
-   evicting from the cache when the pool is short;
-3. insert prompt + output, free the duplicate slots (already cached by the time the insert
-   ran) and the unused tail of the last page, and unlock.
+1. `admit`: match the prompt minus its last token (that token is always recomputed, as in
+   vLLM's len - 1 rule), lock the hit, and allocate slots for the rest of the prompt from a
+   `SlotPool` of `capacity` tokens, evicting from the cache when the pool is short;
+2. `cache_req(finished=False)` (when it has output): the prefilled prompt enters the cache (a
+   tree node ends at the prompt, as in the engine) and the lock moves to its end;
+3. `grow` for the output, then `cache_req(finished=True)`: insert prompt + output, free the
+   unused tail of the last page, and unlock.
 
+These are the engine's calls in the engine's order, so a replay and an engine run with one
+request at a time and no chunking see the same hits, under eviction too.
 The result is a frozen `ReplayStats`: hit tokens over prompt tokens, evicted tokens, cache
 footprint (peak nodes or blocks, orphaned and duplicate blocks) and CPU cost per request.
 """
@@ -22,14 +26,11 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from radixkv.cache.base import PrefixCache
-from radixkv.cache.blockhash import BlockHashCache
-from radixkv.cache.events import HASH_ALGOS
-from radixkv.cache.factory import CACHES
+from radixkv.cache.base import CacheReq, PrefixCache
 from radixkv.cache.key import RadixKey
-from radixkv.cache.nocache import NoCache
+from radixkv.cache.manager import CacheManager
 from radixkv.cache.pool import SlotPool, round_up
-from radixkv.cache.radix import RadixCache
+from radixkv.validate import is_int, positive_int
 from radixkv.workloads import TraceRequest
 
 FILLER_BASE = 2**31     # output ids made up for records without them: above any vocabulary
@@ -58,37 +59,6 @@ class ReplayStats:
         return d
 
 
-def cache_name(cache: PrefixCache) -> str:
-    for name in CACHES:
-        if type(cache) is CACHES.get(name):
-            return name
-    return type(cache).__name__
-
-
-def cache_label(cache: PrefixCache) -> str:
-    if isinstance(cache, RadixCache):
-        return f"radix p{cache.page_size} {cache.eviction_policy}"
-    if isinstance(cache, BlockHashCache):
-        return f"blockhash b{cache.block_size} {cache.hash_algo}"
-    return cache_name(cache) if cache.page_size == 1 else f"{cache_name(cache)} p{cache.page_size}"
-
-
-def build_cache(name: str, page_size: int = 1, block_size: int = 16, eviction: str = "lru",
-                hash_algo: str = "sha256") -> PrefixCache:
-    """A cache by registry name with the replay options that apply to it (ValueError lists
-    the valid names of a bad cache, eviction policy or hash)."""
-    cls = CACHES.get(name)
-    if hash_algo not in HASH_ALGOS:
-        raise ValueError(f"unknown hash {hash_algo!r}; valid: {', '.join(HASH_ALGOS)}")
-    if cls is RadixCache:
-        return RadixCache(page_size=page_size, eviction_policy=eviction, hash_algo=hash_algo)
-    if cls is BlockHashCache:
-        return BlockHashCache(block_size=block_size, hash_algo=hash_algo)
-    if cls is NoCache:
-        return NoCache(page_size=page_size)
-    return cls()
-
-
 def pool_size(requests: Iterable[TraceRequest], page_size: int, capacity: int | None) -> int:
     """Slots for the pool: `capacity` rounded down to whole pages, or with capacity None the
     workload's total page-rounded prompt + output tokens (nothing is ever evicted).
@@ -97,7 +67,7 @@ def pool_size(requests: Iterable[TraceRequest], page_size: int, capacity: int | 
     need = [round_up(len(r.prompt) + r.output_len, page_size) for r in reqs]
     if capacity is None:
         return max(sum(need), page_size)
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+    if not is_int(capacity) or capacity < 1:
         raise ValueError(f"capacity must be a positive number of tokens, got {capacity!r}")
     slots = int(capacity) - int(capacity) % page_size
     if slots < page_size:
@@ -118,59 +88,45 @@ def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int |
     reqs = list(requests)
     ps = cache.page_size
     slots_total = pool_size(reqs, ps, capacity)
-    pool = SlotPool(slots_total, page_size=ps)
     cache.reset()
-    is_radix = isinstance(cache, RadixCache)
+    mgr = CacheManager(cache, SlotPool(slots_total, page_size=ps))
     hits: list[int] = []
-    prompt_tokens = evicted = peak = filler = 0
+    prompt_tokens = peak = filler = 0
     wall0, cpu0 = time.perf_counter(), time.process_time()
     for i, r in enumerate(reqs):
         key = RadixKey(r.prompt, r.extra_key, r.cache_salt)
-        m = cache.match_prefix(key[:-1])
-        cache.inc_lock_ref(m.last_node)
         out: Any = r.output
         if out is None:
             out = (FILLER_BASE + (filler + np.arange(r.output_len)) % FILLER_BASE).astype(np.uint32)
             filler += r.output_len
-        full = key + out if len(out) else key
-        n_new = len(full) - m.prefix_len
-        short = round_up(n_new, ps) - pool.available()
-        while short > 0:
-            freed = cache.evict(short)
-            if not freed.size:
-                raise ValueError(f"capacity {slots_total:,} tokens is smaller than one request: "
-                                 f"{r.id!r} needs {n_new:,} more beyond its cached "
-                                 f"{m.prefix_len:,}, and nothing more is evictable")
-            evicted += freed.size
-            pool.free(freed)
-            short = round_up(n_new, ps) - pool.available()
-        new = pool.alloc(n_new)
-        slots = np.concatenate((m.slots, new)) if m.prefix_len else new
-        res = cache.insert(full, slots[:len(full)])
-        stored = len(full) - len(full) % ps
-        pool.free(np.concatenate((slots[m.prefix_len:res.prefix_len], slots[stored:])))
-        cache.dec_lock_ref(m.last_node)
-        hits.append(m.prefix_len)
+        req = CacheReq(key, priority=r.priority)
+        hit = mgr.admit(req, key[:-1], len(key))          # match, lock, slots for the prompt
+        if hit is None:
+            raise ValueError(f"capacity {slots_total:,} tokens is smaller than one request: "
+                             f"{r.id!r} needs {len(key) - mgr.peek(key[:-1]).prefix_len:,} "
+                             f"more beyond its cached prefix, and nothing more is evictable")
+        if len(out):
+            mgr.cache_req(req, finished=False)            # prefilled: the prompt is shared
+            req.key = key + out                           # decoded: slots for the output
+            mgr.grow([req], round_up(len(req.key), ps) - len(req.slots))
+        mgr.cache_req(req, finished=True)
+        hits.append(hit)
         prompt_tokens += len(r.prompt)
-        if is_radix:
-            peak = max(peak, cache.num_nodes())
+        peak = max(peak, cache.num_entries())
         if check:
-            cache.check_invariants()
-            pool.check_conservation(cache.held_slots())
+            mgr.check()
         if progress is not None and (i + 1) % 64 == 0:
             progress(i + 1)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     if progress is not None:
         progress(len(reqs))
-    bh = cache if isinstance(cache, BlockHashCache) else None
-    hit_tokens = sum(hits)
+    hit_tokens, extra = sum(hits), cache.stats()
     return ReplayStats(
-        cache=cache_name(cache), label=cache_label(cache), requests=len(reqs),
+        cache=cache.name, label=cache.label, requests=len(reqs),
         prompt_tokens=prompt_tokens, hit_tokens=hit_tokens,
         hit_rate=hit_tokens / prompt_tokens if prompt_tokens else 0.0,
-        evicted_tokens=evicted, orphan_blocks=bh.orphan_blocks() if bh else 0,
-        peak_nodes=bh.peak_blocks if bh else peak,
-        duplicate_blocks=bh.duplicate_blocks if bh else 0,
+        evicted_tokens=mgr.evicted_tokens, orphan_blocks=extra.get("orphan_blocks", 0),
+        peak_nodes=peak, duplicate_blocks=extra.get("duplicate_blocks", 0),
         cpu_us_per_request=cpu * 1e6 / len(reqs) if reqs else 0.0, wall_s=wall,
         capacity=slots_total, hits=tuple(hits))
 
@@ -184,7 +140,7 @@ def parse_capacity(text: str | int, kv_bytes_per_token: int | None = None) -> in
     """A capacity in tokens from a token count ("3000000", "3_000_000", "3,000,000") or a
     byte size ("40GiB", "1.5 TB"; B, KB, MB, GB, TB decimal, KiB..TiB binary), which needs
     `kv_bytes_per_token` (rounded down to whole tokens)."""
-    if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
+    if is_int(text):
         if text < 1:
             raise ValueError(f"capacity must be at least 1 token, got {text!r}")
         return int(text)
@@ -204,9 +160,7 @@ def parse_capacity(text: str | int, kv_bytes_per_token: int | None = None) -> in
         if kv_bytes_per_token is None:
             raise ValueError(f"capacity {text!r} is a byte size: give the KV bytes per token "
                              f"(--kv-bytes-per-token) to turn it into tokens")
-        if isinstance(kv_bytes_per_token, bool) or not isinstance(kv_bytes_per_token, int) \
-                or kv_bytes_per_token < 1:
-            raise ValueError(f"kv_bytes_per_token must be a positive int, got {kv_bytes_per_token!r}")
+        positive_int(kv_bytes_per_token, "kv_bytes_per_token")
         try:
             nbytes = Decimal(number) * _UNITS[unit]
         except InvalidOperation:

@@ -11,8 +11,9 @@ from radixkv.cache.radix import RadixCache
 from radixkv.config import EngineConfig, SchedulerConfig
 from radixkv.engine.engine import Engine
 from radixkv.sim.executor import SimExecutor
-from radixkv.sched.admission import AddResult, Counters, PrefillAdder
-from radixkv.sched.policy import MatchMemo, OrderContext, dfs_weight
+from radixkv.cache.manager import CacheManager
+from radixkv.sched.admission import AddResult, PrefillAdder
+from radixkv.sched.policy import OrderContext, dfs_weight
 from radixkv.sched.request import Request
 
 
@@ -38,11 +39,11 @@ def test_regression_memo_and_dfs_weight_after_cache_reset():
     cache = RadixCache(clock=iter(range(10**6)).__next__)
     cache.insert(RadixKey([1, 2, 3, 4]), np.arange(4))          # a node ends at 4 tokens
     reqs = [Request(f"r{i}", [1, 2, 3, 4, 9 + i], 2, index=i) for i in range(3)]
-    memo, ctx = MatchMemo(cache), OrderContext([])
-    assert [memo.get(r)[0] for r in reqs] == [4, 4, 4]
+    ctx = OrderContext(CacheManager(cache, SlotPool(64)), [])
+    assert [ctx.prefix(r)[0] for r in reqs] == [4, 4, 4]
     cache.reset()
-    assert [memo.get(r)[0] for r in reqs] == [0, 0, 0]          # not the old tree's answer
-    assert [r.rid for r in dfs_weight(reqs, memo, ctx)] == ["r0", "r1", "r2"]
+    assert [ctx.prefix(r)[0] for r in reqs] == [0, 0, 0]        # not the old tree's answer
+    assert [r.rid for r in dfs_weight(reqs, ctx)] == ["r0", "r1", "r2"]
 
 
 def test_regression_memory_refusal_does_not_bump_hit_counts():
@@ -53,8 +54,8 @@ def test_regression_memory_refusal_does_not_bump_hit_counts():
     hits, last = node.hit_count, node.last_access
     req = Request("big", list(range(8)) + list(range(100, 150)), 8)
     for _ in range(5):                                           # refused every round
-        adder = PrefillAdder(cache, pool, 4096, True, reserved=40, new_token_ratio=1.0,
-                             counters=Counters())
+        adder = PrefillAdder(CacheManager(cache, pool), 4096, True, reserved=40,
+                             new_token_ratio=1.0)
         assert adder.add(req) is AddResult.NO_MEMORY
     assert (node.hit_count, node.last_access) == (hits, last)
     cache.check_invariants()

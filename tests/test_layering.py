@@ -9,6 +9,7 @@
     sim/        the simulated GPU: never model/, and never torch (the named model shapes both
                 use live in shapes.py, a leaf)
     workloads/  nothing from sched, engine, model or sim
+    shapes, validate, registry: leaves (validate and registry are used by every layer)
 
 Every import statement counts, including lazy ones inside functions and TYPE_CHECKING blocks.
 """
@@ -33,6 +34,9 @@ FORBIDDEN = {
     "sim": {"model"} | _TOP,
     "workloads": {"sched", "engine", "model", "sim"} | _TOP,
     "shapes": {"cache", "sched", "engine", "model", "sim", "workloads", "config"} | _TOP,
+    "validate": {"cache", "sched", "engine", "model", "sim", "workloads", "config", "shapes",
+                 "registry"} | _TOP,
+    "registry": {"cache", "sched", "engine", "model", "sim", "workloads", "config", "shapes"} | _TOP,
 }
 NO_TORCH = {"cache", "sim"}
 
@@ -114,3 +118,47 @@ def test_cache_and_scheduler_import_without_torch():
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+# ---- no type switches on caches: what the scheduler needs is part of the contract ----------
+CONCRETE = {"RadixCache", "BlockHashCache", "NoCache", "TreeNode", "Block"}
+
+
+def type_switches(path: Path) -> list[str]:
+    """isinstance/issubclass checks against a concrete cache or node class, and getattr or
+    hasattr probes of an attribute by name with a fallback (capability sniffing)."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        fn, where = node.func.id, f"{path.relative_to(ROOT)}:{node.lineno}"
+        if fn in ("isinstance", "issubclass") and len(node.args) == 2:
+            t = node.args[1]
+            names = {e.id if isinstance(e, ast.Name) else getattr(e, "attr", "")
+                     for e in (t.elts if isinstance(t, ast.Tuple) else [t])}
+            bad += [f"{where} {fn}(..., {n})" for n in sorted(names & CONCRETE)]
+        if (fn == "getattr" and len(node.args) == 3) or fn == "hasattr":
+            attr = node.args[1]
+            if isinstance(attr, ast.Constant) and attr.value != "__iter__":
+                bad.append(f"{where} {fn}(..., {attr.value!r})")
+    return bad
+
+
+def test_no_concrete_cache_type_switches_outside_cache():
+    files = [p for p in sorted(PKG.rglob("*.py")) if "cache" not in p.relative_to(PKG).parts[:1]]
+    assert len(files) > 20
+    assert [b for p in files for b in type_switches(p)] == []
+
+
+def test_type_switch_finder_sees_each_form(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("isinstance(c, RadixCache)\nisinstance(n, (int, cache.TreeNode))\n"
+                   "getattr(c, 'epoch', 0)\nhasattr(e, 'release')\nisinstance(x, int)\n")
+    src = src.rename(ROOT / "tests" / "_switch_probe.py")
+    try:
+        found = type_switches(src)
+    finally:
+        src.unlink()
+    assert [f.split(" ", 1)[1] for f in found] == [
+        "isinstance(..., RadixCache)", "isinstance(..., TreeNode)", "getattr(..., 'epoch')",
+        "hasattr(..., 'release')"]

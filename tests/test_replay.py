@@ -11,7 +11,8 @@ from radixkv.cache.blockhash import BlockHashCache
 from radixkv.cache.nocache import NoCache
 from radixkv.cache.radix import RadixCache
 from radixkv.cli import main
-from radixkv.replay import build_cache, parse_capacity, replay
+from radixkv.config import CacheConfig
+from radixkv.replay import parse_capacity, replay
 from radixkv.workloads import TraceRequest, Workload, load_workload, make_workload
 
 MOONCAKE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/synthetic_trace.jsonl"
@@ -107,12 +108,15 @@ def test_parse_capacity():
 
 
 def test_build_cache_names():
-    assert isinstance(build_cache("radix", page_size=4), RadixCache)
-    assert build_cache("blockhash", block_size=8, hash_algo="xxhash").block_size == 8
+    assert isinstance(CacheConfig("radix", page_size=4).build(), RadixCache)
+    assert CacheConfig("blockhash", 8, hash_algo="xxhash").build().block_size == 8
     with pytest.raises(ValueError, match="unknown cache 'lru'; valid: radix, blockhash, none"):
-        build_cache("lru")
+        CacheConfig("lru")
     with pytest.raises(ValueError, match="unknown eviction policy 'old'"):
-        build_cache("radix", eviction="old")
+        CacheConfig("radix", eviction="old")
+    for cfg in (CacheConfig("radix", 4, "lfu"), CacheConfig("blockhash", 8, hash_algo="xxhash"),
+                CacheConfig("none"), CacheConfig("none", 2)):
+        assert cfg.label == cfg.build().label
 
 
 # ---- the command line ----------------------------------------------------------------------

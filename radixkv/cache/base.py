@@ -3,9 +3,14 @@
 Ownership: a cache never frees KV memory. Methods that drop entries return the freed slot
 indices; the caller hands them to the one SlotPool. Slots are 1-D int64 numpy arrays.
 
-Bad input (a non-key, negative or non-int token ids, a slot count that differs from the token
-count, unlocking an unlocked node, a negative eviction size) raises ValueError/TypeError that
-names the value, before any state changes: a failed call leaves the cache exactly as it was.
+The public methods here check their arguments once, then call the variant's `_`-prefixed
+implementation: bad input (a non-key, negative or non-int token ids, a slot count that differs
+from the token count, a negative eviction size, unlocking an unlocked or foreign handle) raises
+ValueError/TypeError naming the value before any state changes — a failed call leaves the
+cache exactly as it was. Implementations receive validated arguments only.
+
+A *handle* is what a match or an insert returns as `last_node`: the cache entry ending it (a
+tree node, a tuple of blocks, None). Lock a handle to keep its prefix from eviction.
 """
 from __future__ import annotations
 
@@ -17,23 +22,24 @@ import numpy as np
 
 from radixkv.cache.events import KVEvent
 from radixkv.cache.key import RadixKey
-from radixkv.cache.pool import EMPTY_SLOTS
+from radixkv.cache.pool import EMPTY_SLOTS, as_slots
+from radixkv.validate import an_int, count, positive_int
 
 
 class MatchResult(NamedTuple):
     prefix_len: int          # tokens of the key whose KV is cached (page aligned)
     slots: np.ndarray        # their KV slots, shape [prefix_len]
-    last_node: Any           # the cache entry ending the match: lock it to protect the prefix
+    last_node: Any           # the handle ending the match: lock it to protect the prefix
 
 
 class InsertResult(NamedTuple):
     prefix_len: int          # tokens that were already cached: the caller's slots there are duplicates
-    last_node: Any           # the entry ending the inserted (page-aligned) key
+    last_node: Any           # the handle ending the inserted (page-aligned) key
 
 
 @dataclass(eq=False)
 class CacheReq:
-    """The minimal request shape the request-level helpers need.
+    """The minimal request shape the CacheManager needs (sched.Request has the same fields).
 
     `slots[i]` holds the KV of `key[i]` for i < len(key); slots beyond len(key) are the spare
     part of the request's last page. `slots[:cached_len]` belong to the cache and are protected
@@ -45,18 +51,30 @@ class CacheReq:
     last_node: Any = None
     priority: int = 0
 
+    def extend_slots(self, new: np.ndarray) -> None:
+        self.slots = np.concatenate([self.slots, new])
+
+
+def as_key(key) -> RadixKey:
+    """Accept a RadixKey, or a plain sequence of token ids (default namespace)."""
+    return key if isinstance(key, RadixKey) else RadixKey(key)
+
 
 class PrefixCache(ABC):
     """A prefix cache over KV slots. Sizes are in tokens."""
 
-    page_size: int = 1
+    name: str = ""               # registry name: radix | blockhash | none
+    shares_prefixes = True       # False: nothing is ever stored (the no-cache control)
 
+    def __init__(self, page_size: int = 1, what: str = "page_size"):
+        self.page_size = positive_int(page_size, what)
+
+    # ---- the operations: checked here, implemented by the variant ---------------------------
     @abstractmethod
     def reset(self) -> None:
         """Drop everything (mutates). Slots held are not returned: reset the pool too."""
 
-    @abstractmethod
-    def match_prefix(self, key: RadixKey, split: bool = True) -> MatchResult:
+    def match_prefix(self, key, split: bool = True) -> MatchResult:
         """Longest cached, page-aligned prefix of `key`.
 
         split=True may mutate: it refreshes access bookkeeping along the matched path and, in a
@@ -65,27 +83,42 @@ class PrefixCache(ABC):
         for schedulers that only ask); its `last_node` may end before `prefix_len`, so lock
         only what a splitting match returned.
         """
+        return self._match(as_key(key), bool(split))
 
-    @abstractmethod
-    def insert(self, key: RadixKey, slots, priority: int = 0) -> InsertResult:
+    def insert(self, key, slots, priority: int = 0) -> InsertResult:
         """Store `key` (its whole pages; a partial last page is not stored) with `slots`
         (len(slots) == len(key)). Mutates. Returns how much was already cached: the caller's
         slots in [already-owned prefix, prefix_len) are duplicates the caller must free; the
         cache owns the slots of the newly stored range from now on."""
+        key, slots = as_key(key), as_slots(slots)
+        if len(slots) != len(key):
+            raise ValueError(f"insert got {len(slots)} slots for {len(key)} tokens")
+        if slots.size and slots.min() < 0:
+            raise ValueError(f"slot {int(slots.min())} is negative")
+        return self._insert(key, slots, an_int(priority, "priority"))
 
-    @abstractmethod
     def evict(self, num_tokens: int) -> np.ndarray:
         """Drop at least `num_tokens` unlocked tokens when possible (fewer if not enough are
         evictable), in the cache's eviction order. Mutates; returns the freed slots."""
+        return self._evict(count(num_tokens, "evict"))
 
-    @abstractmethod
     def inc_lock_ref(self, node: Any) -> None:
         """Protect `node` and everything it depends on from eviction (mutates sizes)."""
+        self._check_handle(node)
+        self._inc_lock(node)
 
-    @abstractmethod
     def dec_lock_ref(self, node: Any) -> None:
         """Undo one inc_lock_ref. Raises, changing nothing, if `node` is not locked."""
+        self.check_lock(node)
+        self._dec_lock(node)
 
+    def check_lock(self, node: Any) -> None:
+        """Raise exactly when dec_lock_ref(node) would (foreign, evicted or unlocked handle);
+        a pure read."""
+        self._check_handle(node)
+        self._check_locked(node)
+
+    # ---- sizes and inspection ---------------------------------------------------------------
     @abstractmethod
     def evictable_size(self) -> int:
         """Tokens that evict() could free now."""
@@ -96,6 +129,24 @@ class PrefixCache(ABC):
 
     def total_size(self) -> int:
         return self.evictable_size() + self.protected_size()
+
+    def num_entries(self) -> int:
+        """Entries held (tree nodes, blocks): the footprint a replay reports at its peak."""
+        return 0
+
+    def stats(self) -> dict[str, int]:
+        """Variant-specific counters for reports (e.g. orphan and duplicate blocks); a pure read."""
+        return {}
+
+    @classmethod
+    def describe(cls, page_size: int, eviction: str, hash_algo: str) -> str:
+        """Name plus the options that matter to this variant: "radix p1 lru", "blockhash b16
+        sha256", "none" (CacheConfig.label uses it before any cache is built)."""
+        return cls.name if page_size == 1 else f"{cls.name} p{page_size}"
+
+    @property
+    def label(self) -> str:
+        return self.describe(self.page_size, "lru", "sha256")
 
     @abstractmethod
     def held_slots(self) -> Iterable[np.ndarray]:
@@ -109,46 +160,48 @@ class PrefixCache(ABC):
         """KV events since the last call (empty unless the cache was built with events on)."""
         return []
 
-    # ---- request-level helpers ------------------------------------------------------------
-    # Slot ranges of a request when it enters the cache. T = len(req.key), A = T rounded down
-    # to a page, C = req.cached_len, P = insert(...).prefix_len (C <= P <= A):
-    #
-    #   range            what              who frees it
-    #   [0, C)           cached            the cache (already its own; the request only unlocks)
-    #   [C, P)           duplicate         the caller: another request stored these tokens first;
-    #                                      an unfinished request switches to the cache's copies
-    #   [P, A)           new               the cache: insert handed them over
-    #   [A, len(slots))  tail (partial     finished: the caller; unfinished: the request keeps
-    #                    page and spare)   them and goes on writing decode tokens there
+    # ---- capabilities the scheduler asks about (instead of testing types) -------------------
+    def match_stamp(self, node: Any) -> Any:
+        """An opaque stamp taken with a pure-read match ending at `node`."""
+        return None
 
-    def cache_finished_req(self, req: CacheReq) -> np.ndarray:
-        """Insert a finished request's tokens and release its lock. Returns slots to free."""
-        T = len(req.key)
-        A = T - T % self.page_size
-        res = self.insert(req.key[:A], req.slots[:A], priority=req.priority)
-        to_free = np.concatenate([req.slots[req.cached_len:res.prefix_len], req.slots[A:]])
-        if req.last_node is not None:
-            self.dec_lock_ref(req.last_node)
-        req.last_node, req.cached_len, req.slots = None, 0, EMPTY_SLOTS
-        return to_free
+    def match_valid(self, node: Any, stamp: Any) -> bool:
+        """True when a pure-read match that ended at `node` with `stamp` would still return the
+        same answer, so a memo may reuse it. The default never reuses: ask again."""
+        return False
 
-    def cache_unfinished_req(self, req: CacheReq) -> np.ndarray:
-        """Insert a running request's tokens so others can share them, and move its lock to the
-        new last node. Returns the duplicate slots to free; the request keeps the rest."""
-        T = len(req.key)
-        A = T - T % self.page_size
-        res = self.insert(req.key[:A], req.slots[:A], priority=req.priority)
-        to_free = req.slots[req.cached_len:res.prefix_len].copy()
-        m = self.match_prefix(req.key[:A], split=False)     # the path now ends exactly at A
-        slots = req.slots.copy()
-        slots[:m.prefix_len] = m.slots
-        self.inc_lock_ref(m.last_node)                        # lock new before unlocking old:
-        if req.last_node is not None:                         # the shared path never becomes
-            self.dec_lock_ref(req.last_node)                  # evictable in between
-        req.slots, req.cached_len, req.last_node = slots, m.prefix_len, m.last_node
-        return to_free
+    def tree_root(self) -> Any:
+        """The root of the cache's prefix tree, or None when it has no tree to walk."""
+        return None
 
+    def tree_children(self, node: Any) -> list:
+        """A tree node's children in creation order (trees only)."""
+        return []
 
-def as_key(key) -> RadixKey:
-    """Accept a RadixKey, or a plain sequence of token ids (default namespace)."""
-    return key if isinstance(key, RadixKey) else RadixKey(key)
+    def tree_parent(self, node: Any) -> Any:
+        """A tree node's parent; None for the root (trees only)."""
+        return None
+
+    # ---- what a variant implements (arguments already checked) ------------------------------
+    @abstractmethod
+    def _match(self, key: RadixKey, split: bool) -> MatchResult: ...
+
+    @abstractmethod
+    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int) -> InsertResult: ...
+
+    @abstractmethod
+    def _evict(self, num_tokens: int) -> np.ndarray: ...
+
+    @abstractmethod
+    def _check_handle(self, node: Any) -> None:
+        """Raise TypeError/ValueError unless `node` is a live handle of this cache."""
+
+    @abstractmethod
+    def _check_locked(self, node: Any) -> None:
+        """Raise ValueError unless a live handle holds a lock of its own that can be undone."""
+
+    @abstractmethod
+    def _inc_lock(self, node: Any) -> None: ...
+
+    @abstractmethod
+    def _dec_lock(self, node: Any) -> None: ...

@@ -23,11 +23,9 @@ from typing import Iterable
 import numpy as np
 
 from radixkv.cache.base import InsertResult, MatchResult, PrefixCache, as_key
-from radixkv.cache.events import HASH_ALGOS, KVEvent, chain_hash
-from radixkv.cache.key import TOKEN_BYTES, RadixKey
-from radixkv.cache.pool import EMPTY_SLOTS, as_slots
-
-_ITEM = TOKEN_BYTES
+from radixkv.cache.events import KVEvent, chain_hash, check_hash_algo
+from radixkv.cache.key import RadixKey
+from radixkv.cache.pool import EMPTY_SLOTS
 
 
 def _first_repeat(ids: np.ndarray) -> int:
@@ -50,14 +48,12 @@ class Block:
 
 
 class BlockHashCache(PrefixCache):
-    def __init__(self, block_size: int = 16, hash_algo: str = "sha256",
-                 enable_events: bool = False, **_ignored):
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-        if hash_algo not in HASH_ALGOS:
-            raise ValueError(f"unknown hash {hash_algo!r}; valid: {', '.join(HASH_ALGOS)}")
-        self.page_size = self.block_size = block_size
-        self.hash_algo, self.enable_events = hash_algo, enable_events
+    name = "blockhash"
+
+    def __init__(self, block_size: int = 16, hash_algo: str = "sha256", enable_events: bool = False):
+        super().__init__(block_size, "block_size")
+        self.block_size = block_size
+        self.hash_algo, self.enable_events = check_hash_algo(hash_algo), enable_events
         self._events: list[KVEvent] = []
         self.reset()
         self._events.clear()                      # "cleared" is for an explicit reset() only
@@ -83,19 +79,18 @@ class BlockHashCache(PrefixCache):
         if out is not None:
             memo.move_to_end(key)
             return out
-        bs, buf, extra, salt = self.block_size, key.buf, key.namespace[0], key.namespace[1]
+        bs, extra, salt = self.block_size, key.namespace[0], key.namespace[1]
         n = len(key) // bs
         out, parent, start = [], None, 0
         for k in reversed(self._recent):                  # resume from a key this one extends
-            if k.namespace == key.namespace and len(k) // bs <= n and len(k) >= bs \
-                    and buf.startswith(k.buf[:len(k) // bs * bs * _ITEM]):
+            if len(k) // bs <= n and len(k) >= bs and key.startswith(k[:len(k) // bs * bs]):
                 out = list(memo[k][:n]) if k in memo else []
                 start = len(out)
                 parent = out[-1] if out else None
                 break
         for i in range(start, n):
             ns = (extra, salt if i == 0 else None)
-            parent = chain_hash(parent, ns, buf[i * bs * _ITEM:(i + 1) * bs * _ITEM], self.hash_algo)
+            parent = chain_hash(parent, ns, key.page(i, bs), self.hash_algo)
             out.append(parent)
         memo[key] = out
         self._recent.append(key)
@@ -104,9 +99,8 @@ class BlockHashCache(PrefixCache):
         return out
 
     # ---- lookup ---------------------------------------------------------------------------
-    def match_prefix(self, key: RadixKey, split: bool = True) -> MatchResult:
+    def _match(self, key: RadixKey, split: bool) -> MatchResult:
         """Hit blocks of `key`, stopping at the first missing block. Never mutates."""
-        key = as_key(key)
         chain: list[Block] = []
         for h in self.block_hashes(key):
             hit = self.by_hash.get(h)
@@ -128,16 +122,11 @@ class BlockHashCache(PrefixCache):
         return (ids[:, None] * self.block_size + np.arange(self.block_size)).ravel()
 
     # ---- insert (vLLM's cache_full_blocks) ------------------------------------------------
-    def insert(self, key: RadixKey, slots, priority: int = 0) -> InsertResult:
+    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int) -> InsertResult:
         """Register the full blocks of `key`; `slots` must be whole blocks of the pool. A block
         already registered under its own hash counts as cached (prefix_len); a new block whose
         hash another block already has is registered too (a duplicate, as in vLLM). Newly
         registered blocks are unreferenced: they join the free queue's tail, last block first."""
-        key, slots = as_key(key), as_slots(slots)
-        if len(slots) != len(key):
-            raise ValueError(f"insert got {len(slots)} slots for {len(key)} tokens")
-        if slots.size and slots.min() < 0:
-            raise ValueError(f"slot {int(slots.min())} is negative")
         bs = self.block_size
         nfull = len(key) // bs
         page = slots[:nfull * bs].reshape(nfull, bs)
@@ -162,7 +151,7 @@ class BlockHashCache(PrefixCache):
                 same[bid] = b
                 new.append(b)
                 if self.enable_events:
-                    toks = tuple(memoryview(key.buf[i * bs * _ITEM:(i + 1) * bs * _ITEM]).cast("I"))
+                    toks = tuple(key[i * bs:(i + 1) * bs])
                     self._events.append(KVEvent("stored", h, parent, toks, key.namespace))
             elif not new:
                 prefix_blocks = i + 1
@@ -173,9 +162,7 @@ class BlockHashCache(PrefixCache):
         return InsertResult(prefix_blocks * bs, tuple(self.blocks[b] for b in ids.tolist()))
 
     # ---- evict ----------------------------------------------------------------------------
-    def evict(self, num_tokens: int) -> np.ndarray:
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
-            raise ValueError(f"evict needs a non-negative int, got {num_tokens!r}")
+    def _evict(self, num_tokens: int) -> np.ndarray:
         out = []
         while len(out) * self.block_size < num_tokens and self.free_queue:
             _, b = self.free_queue.popitem(last=False)
@@ -190,34 +177,33 @@ class BlockHashCache(PrefixCache):
         return self._slots_of(out)
 
     # ---- reference counts -----------------------------------------------------------------
-    def inc_lock_ref(self, chain) -> None:
-        chain = self._check_chain(chain)
-        for b in chain:
+    def _inc_lock(self, chain) -> None:
+        for b in chain or ():
             if b.ref_cnt == 0:
                 del self.free_queue[b.id]
             b.ref_cnt += 1
 
-    def dec_lock_ref(self, chain) -> None:
-        chain = self._check_chain(chain)
+    def _check_locked(self, chain) -> None:
         uses: dict[int, int] = {}
-        for b in chain:                                   # a block listed k times needs k refs
+        for b in chain or ():                             # a block listed k times needs k refs
             uses[b.id] = uses.get(b.id, 0) + 1
             if b.ref_cnt < uses[b.id]:
                 raise ValueError(f"dec_lock_ref on unreferenced {b!r}")
-        for b in reversed(chain):                         # last block reaches the tail first
+
+    def _dec_lock(self, chain) -> None:
+        for b in reversed(chain or ()):                         # last block reaches the tail first
             b.ref_cnt -= 1
             if b.ref_cnt == 0:
                 self.free_queue[b.id] = b
 
-    def _check_chain(self, chain) -> tuple:
+    def _check_handle(self, chain) -> None:
         if chain is None:
-            return ()
+            return
         if not isinstance(chain, tuple) or not all(isinstance(b, Block) for b in chain):
             raise TypeError(f"expected a tuple of Blocks from match_prefix, got {chain!r}")
         for b in chain:
             if self.blocks.get(b.id) is not b:
                 raise ValueError(f"{b!r} is no longer cached (evicted or foreign)")
-        return chain
 
     # ---- sizes and stats ------------------------------------------------------------------
     def evictable_size(self) -> int:
@@ -228,6 +214,19 @@ class BlockHashCache(PrefixCache):
 
     def num_blocks(self) -> int:
         return len(self.blocks)
+
+    num_entries = num_blocks
+
+    @classmethod
+    def describe(cls, page_size: int, eviction: str, hash_algo: str) -> str:
+        return f"blockhash b{page_size} {hash_algo}"
+
+    @property
+    def label(self) -> str:
+        return self.describe(self.block_size, "lru", self.hash_algo)
+
+    def stats(self) -> dict[str, int]:
+        return {"orphan_blocks": self.orphan_blocks(), "duplicate_blocks": self.duplicate_blocks}
 
     def orphan_blocks(self) -> int:
         """Cached blocks whose parent block is gone: unreachable until the parent returns."""

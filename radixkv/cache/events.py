@@ -14,7 +14,13 @@ from typing import Literal
 
 import xxhash
 
+from radixkv.validate import choice
+
 HASH_ALGOS = ("sha256", "xxhash")
+
+
+def check_hash_algo(name: str) -> str:
+    return choice(name, "hash", HASH_ALGOS)
 
 
 @lru_cache(maxsize=4096)
@@ -29,9 +35,7 @@ def chain_hash(parent: int | None, namespace: tuple, packed_tokens: bytes, algo:
     payload = len(head).to_bytes(4, "little") + head + packed_tokens
     if algo == "sha256":
         return int.from_bytes(hashlib.sha256(payload).digest()[:8], "little")
-    if algo == "xxhash":
-        return xxhash.xxh3_64_intdigest(payload)
-    raise ValueError(f"unknown hash {algo!r}; valid: {', '.join(HASH_ALGOS)}")
+    return xxhash.xxh3_64_intdigest(payload)      # algo was checked where it was configured
 
 
 @dataclass(frozen=True, slots=True)

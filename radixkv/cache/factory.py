@@ -8,9 +8,8 @@ from radixkv.cache.radix import RadixCache
 from radixkv.registry import Registry
 
 CACHES: Registry[type[PrefixCache]] = Registry("cache")
-CACHES.add("radix", RadixCache)
-CACHES.add("blockhash", BlockHashCache)
-CACHES.add("none", NoCache)
+for _cls in (RadixCache, BlockHashCache, NoCache):
+    CACHES.add(_cls.name, _cls)
 
 
 def make_cache(name: str, **options) -> PrefixCache:

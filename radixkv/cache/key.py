@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-TOKEN_BYTES = _ITEM = 4         # bytes per token id (uint32)
+_ITEM = 4                       # bytes per token id (uint32)
 _MAX_TOKEN = 2**32 - 1
 
 
@@ -124,9 +124,32 @@ class RadixKey:
     def __hash__(self) -> int:
         return hash((self.buf, self.namespace))
 
+    @classmethod
+    def concat(cls, keys: Iterable["RadixKey"]) -> "RadixKey":
+        """One key from consecutive runs of one namespace (a path of tree edges)."""
+        keys = list(keys)
+        ns = keys[0].namespace if keys else (None, None)
+        if any(k.namespace != ns for k in keys):
+            raise ValueError(f"cannot join keys of namespaces {sorted({k.namespace for k in keys}, key=str)}")
+        return cls._raw(b"".join(k.buf for k in keys), ns)
+
+    # ---- token-level comparisons: the rest of the package never sees the byte layout ------------
     def page(self, i: int, page_size: int) -> bytes:
-        """The packed bytes of page i: the child-key of an edge starting there."""
+        """A hashable, namespace-free identity of page i (tokens [i * page_size, (i + 1) *
+        page_size)): equal exactly when the token ids are equal (a tree's child-key, a
+        block's hash input)."""
         return self.buf[i * page_size * _ITEM:(i + 1) * page_size * _ITEM]
+
+    def shared(self, other: "RadixKey", start: int = 0) -> int:
+        """How many leading tokens of self[start:] agree with `other` (tokens only, namespace
+        ignored): one memcmp when the whole of `other` agrees."""
+        ob = other.buf
+        a = self.buf[start * _ITEM:start * _ITEM + len(ob)]
+        return len(ob) // _ITEM if a == ob else first_divergence(a, ob)
+
+    def startswith(self, other: "RadixKey") -> bool:
+        """Same namespace, and `other`'s tokens begin this key."""
+        return self.namespace == other.namespace and self.buf.startswith(other.buf)
 
     def match(self, other: "RadixKey", page_size: int = 1) -> int:
         """Length of the common prefix, rounded down to whole pages."""

@@ -5,42 +5,43 @@ from typing import Iterable
 
 import numpy as np
 
-from radixkv.cache.base import CacheReq, InsertResult, MatchResult, PrefixCache, as_key
-from radixkv.cache.pool import EMPTY_SLOTS, as_slots
+from radixkv.cache.base import InsertResult, MatchResult, PrefixCache
+from radixkv.cache.key import RadixKey
+from radixkv.cache.pool import EMPTY_SLOTS
 
 
 class NoCache(PrefixCache):
-    def __init__(self, page_size: int = 1, **_ignored):
-        if not isinstance(page_size, int) or page_size < 1:
-            raise ValueError(f"page_size must be a positive int, got {page_size!r}")
-        self.page_size = page_size
+    name = "none"
+    shares_prefixes = False          # the CacheManager keeps every slot with its request
+
+    def __init__(self, page_size: int = 1):
+        super().__init__(page_size)
 
     def reset(self) -> None:
         return None
 
-    def match_prefix(self, key, split: bool = True) -> MatchResult:
-        as_key(key)
+    def _match(self, key: RadixKey, split: bool) -> MatchResult:
         return MatchResult(0, EMPTY_SLOTS, None)
 
-    def insert(self, key, slots, priority: int = 0) -> InsertResult:
-        key, slots = as_key(key), as_slots(slots)
-        if len(slots) != len(key):
-            raise ValueError(f"insert got {len(slots)} slots for {len(key)} tokens")
+    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int) -> InsertResult:
         # nothing is stored: report every whole page as "already cached" so the caller frees it
         return InsertResult(len(key) - len(key) % self.page_size, None)
 
-    def evict(self, num_tokens: int) -> np.ndarray:
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
-            raise ValueError(f"evict needs a non-negative int, got {num_tokens!r}")
+    def _evict(self, num_tokens: int) -> np.ndarray:
         return EMPTY_SLOTS
 
-    def inc_lock_ref(self, node) -> None:
+    def _check_handle(self, node) -> None:
         if node is not None:
             raise ValueError(f"NoCache holds no nodes, got {node!r}")
 
-    def dec_lock_ref(self, node) -> None:
-        if node is not None:
-            raise ValueError(f"NoCache holds no nodes, got {node!r}")
+    def _check_locked(self, node) -> None:
+        return None                  # None is the only handle, and it always "unlocks"
+
+    def _inc_lock(self, node) -> None:
+        return None
+
+    def _dec_lock(self, node) -> None:
+        return None
 
     def evictable_size(self) -> int:
         return 0
@@ -53,10 +54,3 @@ class NoCache(PrefixCache):
 
     def check_invariants(self) -> None:
         return None
-
-    def cache_unfinished_req(self, req: CacheReq) -> np.ndarray:
-        return EMPTY_SLOTS                    # the request keeps all of its slots
-
-    def cache_finished_req(self, req: CacheReq) -> np.ndarray:
-        to_free, req.slots, req.cached_len, req.last_node = req.slots, EMPTY_SLOTS, 0, None
-        return to_free

@@ -5,6 +5,7 @@ with the node id, so ties break by creation order and the order is total and det
 """
 from __future__ import annotations
 
+import inspect
 from functools import partial
 from typing import Any, Callable
 
@@ -51,30 +52,22 @@ def priority(n) -> tuple:                 # lower priority first, then LRU
 
 
 @EVICTION_POLICIES.register("belady")
-def belady(n, oracle=None) -> tuple:
-    # future-aware (simulation only): the leaf whose next use is furthest ahead goes first;
-    # `oracle.next_use(node)` knows the future (inf when never used again)
-    if oracle is None:
-        raise ValueError("eviction policy 'belady' needs an oracle that knows future requests")
+def belady(n, oracle) -> tuple:
+    # future-aware (simulation only, so the oracle is a required option): the leaf whose next
+    # use is furthest ahead goes first; `oracle.next_use(node)` is inf when never used again
     return (-oracle.next_use(n), n.id)
 
 
 def make_sort_key(name: str, **params) -> SortKey:
-    """The sort key for policy `name` (ValueError lists the valid names); params bind options."""
+    """The sort key for policy `name` with its options bound. Unknown names, unknown options
+    and missing required ones (belady's oracle) raise ValueError here, at construction."""
     fn = EVICTION_POLICIES.get(name)
-    if name == "belady" and params.get("oracle") is None:
-        raise ValueError("eviction policy 'belady' needs an oracle that knows future requests")
-    if params:
-        try:
-            fn(_Probe(), **params) if name != "belady" else None
-        except TypeError:
-            raise ValueError(f"eviction policy {name!r} takes no option(s) {sorted(params)}") from None
-        return partial(fn, **params)
-    if name == "belady":
-        fn(_Probe())                      # raises: no oracle given
-    return fn
-
-
-class _Probe:
-    last_access = created = 0.0
-    hit_count = priority = id = 0
+    options = list(inspect.signature(fn).parameters.values())[1:]
+    unknown = sorted(set(params) - {p.name for p in options})
+    if unknown:
+        raise ValueError(f"eviction policy {name!r} takes no option(s) {unknown}")
+    missing = [p.name for p in options if p.default is p.empty and params.get(p.name) is None]
+    if missing:
+        raise ValueError(f"eviction policy {name!r} needs an {' and an '.join(missing)}: "
+                         f"pass {', '.join(m + '=...' for m in missing)}")
+    return partial(fn, **params) if params else fn

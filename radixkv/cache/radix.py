@@ -19,12 +19,11 @@ from typing import Callable, Iterable
 import numpy as np
 
 from radixkv.cache.base import InsertResult, MatchResult, PrefixCache, as_key
-from radixkv.cache.events import HASH_ALGOS, KVEvent, chain_hash
-from radixkv.cache.key import TOKEN_BYTES, RadixKey, first_divergence
+from radixkv.cache.events import KVEvent, chain_hash, check_hash_algo
+from radixkv.cache.key import RadixKey
 from radixkv.cache.policies import make_sort_key
-from radixkv.cache.pool import EMPTY_SLOTS, as_slots
+from radixkv.cache.pool import EMPTY_SLOTS
 
-_ITEM = TOKEN_BYTES
 _ids = itertools.count()
 _versions = itertools.count(1)     # heap-entry versions, unique across nodes: ties never compare nodes
 
@@ -51,25 +50,37 @@ class TreeNode:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref})"
 
 
+def path_key(node: TreeNode) -> RadixKey:
+    """The whole key from the root through `node`'s edge."""
+    parts = []
+    while node.parent is not None:
+        parts.append(node.key)
+        node = node.parent
+    return RadixKey.concat(reversed(parts))
+
+
+def _node_id(n: TreeNode) -> int:
+    return n.id
+
+
 class RadixCache(PrefixCache):
+    name = "radix"
+
     def __init__(self, page_size: int = 1, eviction_policy: str = "lru",
                  clock: Callable[[], float] = time.monotonic, enable_events: bool = False,
-                 disable: bool = False, hash_algo: str = "sha256", **policy_params):
-        if not isinstance(page_size, int) or page_size < 1:
-            raise ValueError(f"page_size must be a positive int, got {page_size!r}")
-        self.page_size, self.clock, self.disable = page_size, clock, disable
-        self.eviction_policy = eviction_policy
+                 hash_algo: str = "sha256", **policy_params):
+        super().__init__(page_size)
+        self.clock, self.eviction_policy = clock, eviction_policy
         self.sort_key = make_sort_key(eviction_policy, **policy_params)
-        if hash_algo not in HASH_ALGOS:
-            raise ValueError(f"unknown hash {hash_algo!r}; valid: {', '.join(HASH_ALGOS)}")
-        self.enable_events, self.hash_algo = enable_events, hash_algo
+        self.enable_events, self.hash_algo = enable_events, check_hash_algo(hash_algo)
         self._events: list[KVEvent] = []
+        self.epoch = -1                           # bumped by reset(): readers holding old nodes can tell
         self.reset()
         self._events.clear()                      # "cleared" is for an explicit reset() only
 
     # ---- bookkeeping ----------------------------------------------------------------------
     def reset(self) -> None:
-        self.epoch = getattr(self, "epoch", -1) + 1    # readers holding old nodes can tell
+        self.epoch += 1
         self.root = TreeNode(RadixKey(), EMPTY_SLOTS, None, self.clock())
         self.root.lock_ref = 1                    # the root is permanently locked
         self._evictable = self._protected = 0
@@ -87,8 +98,18 @@ class RadixCache(PrefixCache):
     def num_nodes(self) -> int:
         return self._num_nodes
 
+    num_entries = num_nodes
+
+    @classmethod
+    def describe(cls, page_size: int, eviction: str, hash_algo: str) -> str:
+        return f"radix p{page_size} {eviction}"
+
+    @property
+    def label(self) -> str:
+        return self.describe(self.page_size, self.eviction_policy, self.hash_algo)
+
     def _child_key(self, parent: TreeNode, key: RadixKey, pos: int):
-        ck = key.buf[pos * _ITEM:(pos + self.page_size) * _ITEM]
+        ck = key.page(pos // self.page_size, self.page_size)
         return (key.namespace, ck) if parent is self.root else ck
 
     def _is_candidate(self, n: TreeNode) -> bool:
@@ -114,28 +135,21 @@ class RadixCache(PrefixCache):
             stack.extend(n.children.values())
 
     # ---- match / split --------------------------------------------------------------------
-    def match_prefix(self, key: RadixKey, split: bool = True) -> MatchResult:
-        key = as_key(key)
-        if self.disable:
-            return MatchResult(0, EMPTY_SLOTS, self.root)
-        ps, buf = self.page_size, key.buf
-        pb, nb = ps * _ITEM, len(buf)             # byte offsets: one page, the whole key
+    def _match(self, key: RadixKey, split: bool) -> MatchResult:
+        ps, n = self.page_size, len(key)
         now = self.clock() if split else 0.0
-        node, pos, parts = self.root, 0, []       # pos counts bytes here
-        child = node.children.get((key.namespace, buf[:pb])) if pb <= nb else None
+        node, pos, parts = self.root, 0, []
+        child = node.children.get((key.namespace, key.page(0, ps))) if ps <= n else None
         while child is not None:
-            eb = child.key.buf
-            end = pos + len(eb)
-            if buf[pos:end] == eb:
-                k = len(eb)
-            else:                                 # diverges inside this edge (or key ends)
-                k = first_divergence(buf[pos:end], eb) * _ITEM
-                k -= k % pb                       # >= one page: the first page matched
+            L = len(child.key)
+            k = key.shared(child.key, pos)
+            if k < L:                             # diverges inside this edge (or the key ends)
+                k -= k % ps                       # >= one page: the first page matched
                 if not split:                     # pure read: report the partial edge, touch nothing
-                    parts.append(child.value[:k // _ITEM])
+                    parts.append(child.value[:k])
                     pos += k
                     break
-                child = self._split(child, k // _ITEM)
+                child = self._split(child, k)
             if split:
                 child.hit_count += 1
                 child.last_access = now
@@ -144,31 +158,27 @@ class RadixCache(PrefixCache):
             parts.append(child.value)
             pos += k
             node = child
-            if k < len(eb) or pos + pb > nb:
+            if k < L or pos + ps > n:
                 break
-            child = node.children.get(buf[pos:pos + pb])
+            child = node.children.get(key.page(pos // ps, ps))
         if not parts:
             return MatchResult(0, EMPTY_SLOTS, node)
         slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return MatchResult(pos // _ITEM, slots, node)
+        return MatchResult(pos, slots, node)
 
     def node_covering(self, key: RadixKey) -> TreeNode | None:
         """The node whose edge holds the last token of `key` when all of `key` is cached,
         else None. A pure read: nothing is split or touched."""
         key = as_key(key)
-        buf, nb, node, pos = key.buf, len(key.buf), self.root, 0
-        if nb == 0:
-            return self.root
-        while pos < nb:
-            child = node.children.get((key.namespace, buf[:_ITEM * self.page_size]) if node is self.root
-                                      else buf[pos:pos + _ITEM * self.page_size])
+        n, node, pos = len(key), self.root, 0
+        while pos < n:
+            child = node.children.get(self._child_key(node, key, pos))
             if child is None:
                 return None
-            eb = child.key.buf
-            seg = buf[pos:pos + len(eb)]
-            if seg != eb[:len(seg)]:
+            k = key.shared(child.key, pos)
+            if k < min(len(child.key), n - pos):
                 return None
-            pos += len(seg)
+            pos += k
             node = child
         return node
 
@@ -193,17 +203,7 @@ class RadixCache(PrefixCache):
         return new
 
     # ---- insert ---------------------------------------------------------------------------
-    def insert(self, key: RadixKey, slots, priority: int = 0) -> InsertResult:
-        key = as_key(key)
-        slots = as_slots(slots)
-        if len(slots) != len(key):
-            raise ValueError(f"insert got {len(slots)} slots for {len(key)} tokens")
-        if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
-            raise ValueError(f"priority must be an int, got {priority!r}")
-        if slots.size and slots.min() < 0:
-            raise ValueError(f"slot {int(slots.min())} is negative")
-        if self.disable:
-            return InsertResult(0, self.root)
+    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int) -> InsertResult:
         ps = self.page_size
         A = len(key) - len(key) % ps              # a partial trailing page is not stored
         now = self.clock()
@@ -223,12 +223,8 @@ class RadixCache(PrefixCache):
                     self._emit_stored(new)
                 self._push(new)
                 return InsertResult(pos, new)
-            eb = child.key.buf
-            L = len(eb) // _ITEM
-            k = min(L, A - pos)
-            seg = key.buf[pos * _ITEM:(pos + k) * _ITEM]
-            if seg != eb[:k * _ITEM]:
-                k = first_divergence(seg, eb)
+            L = len(child.key)
+            k = min(key.shared(child.key, pos), A - pos)
             k -= k % ps
             if k < L:
                 child = self._split(child, k)
@@ -239,9 +235,7 @@ class RadixCache(PrefixCache):
         return InsertResult(pos, node)
 
     # ---- evict ----------------------------------------------------------------------------
-    def evict(self, num_tokens: int) -> np.ndarray:
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
-            raise ValueError(f"evict needs a non-negative int, got {num_tokens!r}")
+    def _evict(self, num_tokens: int) -> np.ndarray:
         freed, total = [], 0
         while total < num_tokens and self._heap:  # not a local alias: _push may compact (replace) it
             *_, hv, n = heapq.heappop(self._heap)
@@ -262,8 +256,7 @@ class RadixCache(PrefixCache):
         return np.concatenate(freed) if freed else EMPTY_SLOTS
 
     # ---- locks ----------------------------------------------------------------------------
-    def inc_lock_ref(self, node: TreeNode) -> None:
-        self._check_node(node)
+    def _inc_lock(self, node: TreeNode) -> None:
         while node is not self.root:
             if node.lock_ref == 0:
                 self._evictable -= len(node.key)
@@ -272,15 +265,16 @@ class RadixCache(PrefixCache):
             node = node.parent
         self.root.lock_ref += 1
 
-    def dec_lock_ref(self, node: TreeNode) -> None:
-        self._check_node(node)
+    def _check_locked(self, node: TreeNode) -> None:
         # locks taken on this node itself: every lock below it also counts in its lock_ref
         own = node.lock_ref - sum(c.lock_ref for c in node.children.values()) - (node is self.root)
-        if node is not self.root and own <= 0:
+        if own <= 0 and node is self.root:
+            raise ValueError("dec_lock_ref on the root, which holds no lock")
+        if own <= 0:
             raise ValueError(f"dec_lock_ref on unlocked node {node!r}"
                              + (" (only locks below it hold it)" if node.lock_ref else ""))
-        if node is self.root and own <= 0:
-            raise ValueError("dec_lock_ref on the root, which holds no lock")
+
+    def _dec_lock(self, node: TreeNode) -> None:
         while node is not self.root:
             node.lock_ref -= 1
             if node.lock_ref == 0:
@@ -291,7 +285,7 @@ class RadixCache(PrefixCache):
             node = node.parent
         self.root.lock_ref -= 1
 
-    def _check_node(self, node) -> None:
+    def _check_handle(self, node) -> None:
         if not isinstance(node, TreeNode):
             raise TypeError(f"expected a TreeNode, got {type(node).__name__}")
         top = node
@@ -300,16 +294,33 @@ class RadixCache(PrefixCache):
         if top is not self.root:
             raise ValueError(f"{node!r} is not in this tree (evicted or foreign)")
 
+    # ---- capabilities -----------------------------------------------------------------------
+    def match_stamp(self, node: TreeNode):
+        return (self.epoch, node.cv)
+
+    def match_valid(self, node: TreeNode, stamp) -> bool:
+        # a match can only change where it ended: when that node was evicted (or the cache
+        # reset), or its children changed
+        return (stamp[0] == self.epoch and stamp[1] == node.cv
+                and (node.parent is not None or node is self.root))
+
+    def tree_root(self) -> TreeNode:
+        return self.root
+
+    def tree_children(self, node: TreeNode) -> list[TreeNode]:
+        return sorted(node.children.values(), key=_node_id)
+
+    def tree_parent(self, node: TreeNode) -> TreeNode | None:
+        return node.parent
+
     # ---- events ---------------------------------------------------------------------------
     def _emit_stored(self, n: TreeNode) -> None:
         ps, ns = self.page_size, n.key.namespace
         parent_hash = n.parent.hashes[-1] if n.parent.hashes else None
         n.hashes = []
         for i in range(len(n.key) // ps):
-            page = n.key.buf[i * ps * _ITEM:(i + 1) * ps * _ITEM]
-            h = chain_hash(parent_hash, ns, page, self.hash_algo)
-            self._events.append(KVEvent("stored", h, parent_hash,
-                                        tuple(memoryview(page).cast("I")), ns))
+            h = chain_hash(parent_hash, ns, n.key.page(i, ps), self.hash_algo)
+            self._events.append(KVEvent("stored", h, parent_hash, tuple(n.key[i * ps:(i + 1) * ps]), ns))
             n.hashes.append(h)
             parent_hash = h
 

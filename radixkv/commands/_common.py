@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from radixkv.config import QUEUE_POLICIES, CacheConfig, SchedulerConfig
+from radixkv.config import CacheConfig, SchedulerConfig
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
 from radixkv.replay import parse_capacity
 from radixkv.workloads import GENERATORS, Workload, load_workload, make_workload
@@ -92,6 +92,5 @@ def parse_config_spec(spec: str) -> tuple[str, CacheConfig, dict]:
         raise ValueError(f"unknown config key {k!r} in {spec!r}; cache keys: "
                          f"{', '.join(_CACHE_KEYS)}; scheduler keys: {', '.join(fields)}")
     cache = CacheConfig(**cache_kw)
-    if "policy" in sched_kw and sched_kw["policy"] not in QUEUE_POLICIES:
-        raise ValueError(f"unknown policy {sched_kw['policy']!r}; valid: {', '.join(QUEUE_POLICIES)}")
+    SchedulerConfig(**sched_kw)                  # validated here, with the spec still at hand
     return name or body, cache, sched_kw

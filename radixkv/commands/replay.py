@@ -14,7 +14,8 @@ from rich.table import Table
 from radixkv.cache.events import HASH_ALGOS
 from radixkv.cache.factory import CACHES
 from radixkv.cache.policies import EVICTION_POLICIES
-from radixkv.replay import ReplayStats, build_cache, cache_label, parse_capacity, pool_size, replay
+from radixkv.config import CacheConfig
+from radixkv.replay import ReplayStats, parse_capacity, pool_size, replay
 from radixkv.workloads import GENERATORS, Workload, load_workload
 
 PROGRESS_MIN_REQUESTS = 500
@@ -115,12 +116,11 @@ def _table(title: str, stats: list[ReplayStats]) -> Table:
 
 def run(args: argparse.Namespace) -> int:
     console = Console()
-    for name in args.cache:
-        CACHES.get(name)                              # ValueError lists the valid names
-    EVICTION_POLICIES.get(args.eviction)
     capacity = None if args.capacity is None else parse_capacity(args.capacity, args.kv_bytes_per_token)
-    caches = [build_cache(n, page_size=args.page_size, block_size=args.block_size,
-                          eviction=args.eviction, hash_algo=args.hash_algo) for n in args.cache]
+    configs = [CacheConfig(n, args.block_size if n == "blockhash" else args.page_size,
+                           "lru" if n == "blockhash" else args.eviction, hash_algo=args.hash_algo)
+               for n in args.cache]
+    caches = [c.build() for c in configs]
     w = load(args)
     if not len(w):
         raise ValueError(f"workload {args.workload!r} has no requests")
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True, disable=not show) as bar:
         for c in caches:
-            task = bar.add_task(cache_label(c), total=len(w))
+            task = bar.add_task(c.label, total=len(w))
             stats.append(replay(w.requests, c, capacity,
                                 progress=lambda n, task=task: bar.update(task, completed=n)))
     console.print(_table(f"replay: {w.name}", stats))

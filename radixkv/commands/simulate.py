@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from radixkv.commands._common import add_model_args, add_workload_args, capacity_from_args, load_from_args
-from radixkv.config import QUEUE_POLICIES, RETRACT_POLICIES, CacheConfig, EngineConfig, SchedulerConfig
+from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
+from radixkv.sched.policy import QUEUE_ORDERS, RETRACT_ORDERS
 from radixkv.sim.costmodel import CostModel
 from radixkv.simulate import run_config
 
@@ -26,12 +27,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cache", default="radix", help="radix | blockhash | none (default radix)")
     p.add_argument("--page-size", type=int, default=1, help="page (radix) or block (blockhash) size")
     p.add_argument("--eviction", default="lru", help="eviction order, or belady (oracle)")
-    p.add_argument("--policy", default="fcfs", help=f"queue order: {', '.join(QUEUE_POLICIES)}")
+    p.add_argument("--policy", default="fcfs", help=f"queue order: {', '.join(QUEUE_ORDERS)}")
     p.add_argument("--max-prefill-tokens", type=int, default=16384)
     p.add_argument("--chunked-prefill", type=int, default=8192, help="chunk size, 0 = off")
     p.add_argument("--max-running", type=int, default=256)
     p.add_argument("--no-dedup", action="store_true", help="turn in-batch prefix dedup off")
-    p.add_argument("--retract-policy", default="most-remaining", help=", ".join(RETRACT_POLICIES))
+    p.add_argument("--retract-policy", default="most-remaining", help=", ".join(RETRACT_ORDERS))
     p.add_argument("--retract-insert", action="store_true",
                    help="insert a retracted request's computed KV into the tree")
     p.add_argument("--check", action="store_true", help="check invariants after every step (slow)")

@@ -9,11 +9,11 @@ import heapq
 from typing import Callable
 
 from radixkv.cache.base import PrefixCache
-from radixkv.cache.pool import SlotPool
+from radixkv.cache.manager import CacheManager
+from radixkv.cache.pool import SlotPool, round_up
 from radixkv.config import EngineConfig
 from radixkv.engine.executor import Executor
 from radixkv.engine.metrics import EngineReport, RequestRecord
-from radixkv.cache.pool import round_up
 from radixkv.sched.request import Request, Status
 from radixkv.sched.scheduler import Scheduler
 
@@ -33,7 +33,8 @@ class Engine:
                  on_admit: Callable[[Request], object] | None = None):
         self.config, self.cache, self.executor = config, cache, executor
         self.pool = SlotPool(config.kv_capacity, cache.page_size)
-        self.sched = Scheduler(config.sched, cache, self.pool, on_admit=on_admit)
+        self.manager = CacheManager(cache, self.pool)
+        self.sched = Scheduler(config.sched, self.manager, on_admit=on_admit)
         self.now = 0.0
         self.requests: list[Request] = []
         self.finished: list[Request] = []
@@ -68,9 +69,7 @@ class Engine:
         self.now += result.duration
         for req in self.sched.process(plan, result, self.now):
             self.finished.append(req)
-            release = getattr(self.executor, "release", None)
-            if release is not None:
-                release(req.rid)
+            self.executor.release(req.rid)
         self.steps += 1
         tl = self.timeline
         tl["t"].append(self.now)
@@ -82,8 +81,7 @@ class Engine:
         return True
 
     def check_invariants(self) -> None:
-        self.cache.check_invariants()
-        self.pool.check_conservation(list(self.cache.held_slots()) + self.sched.held_slots())
+        self.manager.check()
 
     def run_until_idle(self, progress: Callable[[int], object] | None = None,
                        max_steps: int | None = None) -> EngineReport:
@@ -106,6 +104,6 @@ class Engine:
         c = self.sched.counters
         first = min((r.arrival for r in self.requests), default=0.0)
         last = max((r.finish_time for r in self.finished), default=first)
-        return EngineReport(self.config.label, recs, c.evicted_tokens, c.retractions, c.held_back,
+        return EngineReport(self.config.label, recs, self.manager.evicted_tokens, c.retractions, c.held_back,
                             c.lpm_fallbacks, self.steps, last - first, self.config.kv_capacity,
                             self.timeline)

@@ -18,3 +18,8 @@ class Executor(Protocol):
     def run(self, plan: BatchPlan) -> StepResult:
         """Compute every segment's KV (written at its ctx_slots) and sample where asked."""
         ...
+
+    def release(self, rid: str) -> None:
+        """Forget the per-request state (sampling generators, ...) of a finished or aborted
+        request."""
+        ...

@@ -1,6 +1,11 @@
 """Where the KV bytes live: one paged buffer addressed by slot index, and the per-forward
 attention plan (`AttnBatch`) that says which slots each sequence writes and reads.
 
+AttnBatch is the one place that turns (prefix_lens, ctx_slots) into indices: packed
+positions and new slots, and the query-tile grid an attention backend reads (one tile per
+sequence for a padded SDPA call, or fixed-size tiles over block-aligned contexts for the
+batch-invariant kernels of model/attention.py).
+
 A slot holds one token's K and V for every layer. The cache layer hands out slot indices
 (cache/pool.py owns which are free); this module only stores and gathers bytes.
 """
@@ -8,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,19 +60,25 @@ class AttnBatch:
     """Plan of one forward over packed tokens: B sequences, T new tokens in all.
 
     Sequence b has prefix_lens[b] cached tokens and n_new[b] new ones; its context is
-    ctx_slots[b] = prefix slots + new slots. Queries are padded to Q = max(n_new) and
-    contexts to C = max(prefix_len + n_new); built once per forward, shared by all layers.
+    ctx_slots[b] = prefix slots + new slots. Queries are grouped into NT tiles of Q rows, each
+    holding consecutive new tokens of one sequence (padded with that sequence's last token),
+    and tile i reads the C pool slots ctx_index[i] (padded with slot 0, masked). By default a
+    tile is a whole sequence: NT = B, Q = max(n_new), C = max(prefix_len + n_new). Built once
+    per forward, shared by all layers; `backend` is the attention backend that built it
+    (None: the model's default).
     """
     prefix_lens: tuple[int, ...]
     n_new: tuple[int, ...]
     new_slots: torch.Tensor    # [T] pool slot receiving each packed new token's K/V
-    ctx_index: torch.Tensor    # [B, C] pool slots of each context, padded with slot 0 (masked)
-    q_index: torch.Tensor      # [B, Q] packed token index of query j of seq b (padding: its last token)
-    out_index: torch.Tensor    # [T] flat index b * Q + j of packed token t in the padded query grid
+    ctx_index: torch.Tensor    # [NT, C] pool slots each query tile reads, padded with slot 0
+    q_index: torch.Tensor      # [NT, Q] packed token index of row j of tile i (padding: its last token)
+    q_pos: torch.Tensor        # [NT, Q] position of that token; tile i sees context columns <= it
+    out_index: torch.Tensor    # [T] flat index i * Q + j of packed token t in the tile grid
     last_index: torch.Tensor   # [B] packed index of each sequence's last new token
-    mask: torch.Tensor         # [B, 1, Q, C] bool, True = may attend (causal, offset by prefix_len)
+    mask: torch.Tensor         # [NT, 1, Q, C] bool, True = may attend (causal, offset by prefix_len)
     positions: torch.Tensor    # [T] RoPE position prefix_len[b] + j of each packed token
     max_slot: int
+    backend: Any = None        # the AttentionBackend that runs this plan (model/attention.py)
 
     @property
     def num_seqs(self) -> int:
@@ -78,7 +90,11 @@ class AttnBatch:
 
     @classmethod
     def build(cls, prefix_lens: Sequence[int], ctx_slots: Sequence[Sequence[int] | np.ndarray],
-              device: torch.device | str = "cpu") -> "AttnBatch":
+              device: torch.device | str = "cpu", q_tile: int | None = None, block: int = 1,
+              tile_multiple: int = 1, backend: Any = None) -> "AttnBatch":
+        """q_tile: rows per query tile (None: one tile per sequence); block: C is rounded up
+        to a multiple of it; tile_multiple: NT is rounded up to a multiple of it by repeating
+        the last tile (its rows are never read back)."""
         if len(prefix_lens) != len(ctx_slots):
             raise ValueError(f"AttnBatch: {len(prefix_lens)} prefix_lens but {len(ctx_slots)} ctx_slots")
         if not prefix_lens:
@@ -97,25 +113,30 @@ class AttnBatch:
         if len(np.unique(new)) != len(new):
             vals, counts = np.unique(new, return_counts=True)
             raise ValueError(f"AttnBatch: new slot {int(vals[counts > 1][0])} is written twice in one batch")
-        B, T = len(ctxs), len(new)
-        Q, C = max(n_new), max(len(c) for c in ctxs)
+        T, Q = len(new), q_tile or max(n_new)
         starts = np.cumsum([0] + n_new[:-1])                       # [B] first packed index of each seq
-        ctx_index = np.zeros((B, C), dtype=np.int64)
-        q_index = np.empty((B, Q), dtype=np.int64)
-        out_index = np.empty(T, dtype=np.int64)
-        positions = np.empty(T, dtype=np.int64)
-        for b, (c, p, n, s) in enumerate(zip(ctxs, pl, n_new, starts)):
-            ctx_index[b, :len(c)] = c
-            q_index[b] = s + np.minimum(np.arange(Q), n - 1)
-            out_index[s:s + n] = b * Q + np.arange(n)
-            positions[s:s + n] = p + np.arange(n)
-        to = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
-        ctx_len, prefix = to(np.array([len(c) for c in ctxs])), to(np.array(pl))
-        q_pos = torch.arange(Q, device=device)[None, :, None]       # [1, Q, 1]
-        c_pos = torch.arange(C, device=device)[None, None, :]       # [1, 1, C]
-        # Padded query rows (j >= n_new) see the whole context, so no row is fully masked (no NaN).
-        mask = (c_pos < ctx_len[:, None, None]) & (c_pos <= prefix[:, None, None] + q_pos)
+        positions = np.concatenate([p + np.arange(n) for p, n in zip(pl, n_new)])
+        # ---- query tiles: rows j..j+Q of one sequence; context up to the tile's last token
+        q_index, q_pos, ctx_len, out_index = [], [], [], []
+        for c, p, n, s in zip(ctxs, pl, n_new, starts):
+            for j in range(0, n, Q):
+                r = np.minimum(np.arange(j, j + Q), n - 1)          # [Q] padded with the last row
+                out_index.append(len(q_index) * Q + np.arange(min(Q, n - j)))
+                q_index.append(s + r), q_pos.append(p + r), ctx_len.append((c, p + min(j + Q, n)))
+        while len(q_index) % tile_multiple:
+            q_index.append(q_index[-1]), q_pos.append(q_pos[-1]), ctx_len.append(ctx_len[-1])
+        C = -(-max(n for _, n in ctx_len) // block) * block
+        ctx_index = np.zeros((len(ctx_len), C), dtype=np.int64)     # [NT, C]
+        for i, (c, n) in enumerate(ctx_len):
+            ctx_index[i, :n] = c[:n]
+        to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+        q_pos_t = to(np.stack(q_pos))                               # [NT, Q]
+        # Row j sees columns <= its position: the causal mask offset by prefix_len, and the
+        # context's end for padded rows, so no row is fully masked (no NaN).
+        mask = torch.arange(C, device=device)[None, None, :] <= q_pos_t[:, :, None]
         return cls(prefix_lens=tuple(pl), n_new=tuple(n_new), new_slots=to(new),
-                   ctx_index=to(ctx_index), q_index=to(q_index), out_index=to(out_index),
+                   ctx_index=to(ctx_index), q_index=to(np.stack(q_index)), q_pos=q_pos_t,
+                   out_index=to(np.concatenate(out_index)),
                    last_index=to(starts + np.array(n_new) - 1), mask=mask[:, None],
-                   positions=to(positions), max_slot=max(int(c.max()) for c in ctxs))
+                   positions=to(positions.astype(np.int64)),
+                   max_slot=max(int(c.max()) for c in ctxs), backend=backend)

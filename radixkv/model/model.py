@@ -1,8 +1,11 @@
 """Llama-family decoder (Llama 2/3/3.1, Qwen2) running over a paged KV pool.
 
 One forward handles a packed batch: prefill, extend-after-cached-prefix and decode are the
-same code path. Per layer, new K/V are written to their slots, each sequence's context is
-gathered into a padded [B, C] grid and one scaled_dot_product_attention call covers the batch.
+same code path. The forward takes the attention backend's per-forward plan (an AttnBatch,
+see model/attention.py); per layer, new K/V are written to their slots and the backend
+attends the new queries over the pool. Token-wise layers (norms, projections, feed-forward,
+LM head) run through the backend too, which may run them on fixed row tiles. A plan built
+with plain AttnBatch.build runs on the default "sdpa" backend.
 RoPE uses Hugging Face's rotate_half convention, so HF q/k weights load without permutation.
 """
 from __future__ import annotations
@@ -13,8 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from radixkv.model.attention import AttentionBackend, attention_backend
 from radixkv.model.kv_pool import AttnBatch, KVPool
 from radixkv.shapes import ModelArgs
+
+
+DEFAULT_BACKEND = attention_backend("sdpa")   # runs plans built without a backend
 
 
 def rope_inv_freq(args: ModelArgs) -> Tensor:
@@ -68,20 +75,16 @@ class Attention(nn.Module):
         self.wo = nn.Linear(q_dim, args.dim, bias=False, **factory)
         self.split = (q_dim, kv_dim, kv_dim)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: KVPool, batch: AttnBatch) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: KVPool, batch: AttnBatch,
+                backend: AttentionBackend) -> Tensor:
+        """x [T, dim] (normed) -> [T, dim]; writes this layer's new K/V to batch.new_slots."""
         T = x.shape[0]
-        q, k, v = self.wqkv(x).split(self.split, dim=-1)
+        q, k, v = backend.token_wise(self.wqkv, x).split(self.split, dim=-1)
         q = apply_rope(q.view(T, self.n_heads, self.head_dim), cos, sin)       # [T, H, D]
         k = apply_rope(k.view(T, self.n_kv_heads, self.head_dim), cos, sin)    # [T, Hkv, D]
         kv.write(self.layer_id, batch.new_slots, k, v.view(T, self.n_kv_heads, self.head_dim))
-        kc, vc = kv.gather(self.layer_id, batch.ctx_index)                     # [B, C, Hkv, D]
-        qp = q[batch.q_index]                                                   # [B, Q, H, D]
-        o = F.scaled_dot_product_attention(
-            qp.transpose(1, 2), kc.transpose(1, 2).to(q.dtype), vc.transpose(1, 2).to(q.dtype),
-            attn_mask=batch.mask, enable_gqa=self.n_heads != self.n_kv_heads)  # [B, H, Q, D]
-        B, _, Q, _ = o.shape
-        o = o.transpose(1, 2).reshape(B * Q, -1)[batch.out_index]               # [T, H * D]
-        return self.wo(o)
+        o = backend.attend(self.layer_id, q, kv, batch)                         # [T, H * D]
+        return backend.token_wise(self.wo, o)
 
 
 class FeedForward(nn.Module):
@@ -105,9 +108,11 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(args.dim, args.norm_eps, **factory)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps, **factory)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: KVPool, batch: AttnBatch) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, kv, batch)
-        return h + self.feed_forward(self.ffn_norm(h))
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: KVPool, batch: AttnBatch,
+                backend: AttentionBackend) -> Tensor:
+        rows = backend.token_wise                   # row-wise layers: all T rows, or fixed tiles
+        h = x + self.attention(rows(self.attention_norm, x), cos, sin, kv, batch, backend)
+        return h + rows(lambda t: self.feed_forward(self.ffn_norm(t)), h)
 
 
 class Transformer(nn.Module):
@@ -124,6 +129,7 @@ class Transformer(nn.Module):
         # A plain attribute, not a buffer: module.to(dtype) must not round it to bf16.
         self._inv_freq = rope_inv_freq(args)
         self._inv_freq_on: dict[torch.device, Tensor] = {}
+        self._rope_table_on: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
     def tie_weights(self) -> None:
         """Share the LM head with the embedding when configured (re-run after to_empty)."""
@@ -153,9 +159,23 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]                     # [T, 1, D]
         return emb.cos(), emb.sin()
 
+    def rope_from_table(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """As rope(), gathered from one table over [0, max_seq_len) computed once per device,
+        so a position's cos/sin never depend on which other positions share the call."""
+        top = int(positions.max())
+        if top >= self.args.max_seq_len:
+            raise ValueError(f"position {top} exceeds max_seq_len {self.args.max_seq_len}")
+        table = self._rope_table_on.get(positions.device)
+        if table is None:
+            table = self._rope_table_on[positions.device] = self.rope(
+                torch.arange(self.args.max_seq_len, device=positions.device))
+        cos, sin = table                                                        # [max_seq_len, 1, D]
+        return cos[positions], sin[positions]
+
     def forward(self, input_ids: Tensor, positions: Tensor, kv: KVPool, batch: AttnBatch,
                 return_all: bool = False) -> Tensor:
-        """input_ids, positions [T] (packed new tokens of all sequences).
+        """input_ids, positions [T] (packed new tokens of all sequences); batch: the attention
+        backend's plan, e.g. attention_backend("batch-invariant").plan(prefix_lens, ctx_slots).
 
         Returns float32 logits [num_seqs, vocab] of each sequence's last new token, or
         [T, vocab] for every new token when return_all.
@@ -166,10 +186,13 @@ class Transformer(nn.Module):
                              f"of {batch.num_tokens} new tokens")
         if batch.max_slot >= kv.num_slots:
             raise ValueError(f"forward: slot {batch.max_slot} is outside the KV pool of {kv.num_slots} slots")
-        cos, sin = self.rope(positions)
-        x = self.tok_embeddings(input_ids)                                      # [T, dim]
-        for layer in self.layers:
-            x = layer(x, cos, sin, kv, batch)
-        if not return_all:
-            x = x[batch.last_index]                                             # [B, dim]
-        return self.output(self.norm(x)).float()
+        backend = batch.backend if batch.backend is not None else DEFAULT_BACKEND
+        with backend.running(input_ids.device):
+            # A batch-invariant backend must not let the batch change a position's cos/sin.
+            cos, sin = (self.rope_from_table if backend.batch_invariant else self.rope)(positions)
+            x = self.tok_embeddings(input_ids)                                  # [T, dim]
+            for layer in self.layers:
+                x = layer(x, cos, sin, kv, batch, backend)
+            if not return_all:
+                x = x[batch.last_index]                                         # [B, dim]
+            return backend.token_wise(lambda t: self.output(self.norm(t)), x).float()

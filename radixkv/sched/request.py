@@ -11,13 +11,13 @@ last_node, priority): `key` covers exactly the tokens whose KV is computed.
 from __future__ import annotations
 
 import enum
-import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from radixkv.cache.key import RadixKey, pack_tokens
 from radixkv.cache.pool import EMPTY_SLOTS, SLOT_DTYPE
+from radixkv.validate import an_int, finite_time, int_at_least
 
 STOP = -1          # the sentinel a scripted (workload-driven) request "samples" at its end
 
@@ -40,13 +40,10 @@ class Request:
         if forced_output is not None:                         # same checks as the prompt's ids
             forced_output = tuple(memoryview(pack_tokens(forced_output)).cast("I"))
             max_new_tokens = len(forced_output) + 1           # the reply, then the stop
-        if not (isinstance(arrival, (int, float)) and math.isfinite(arrival) and arrival >= 0):
-            raise ValueError(f"request {rid!r}: arrival must be a finite time >= 0, got {arrival!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError(f"request {rid!r}: priority must be an int, got {priority!r}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        self.rid, self.arrival, self.index = rid, float(arrival), index
+        arrival = finite_time(arrival, f"request {rid!r}: arrival")
+        an_int(priority, f"request {rid!r}: priority")
+        int_at_least(max_new_tokens, f"request {rid!r}: max_new_tokens", 1)
+        self.rid, self.arrival, self.index = rid, arrival, index
         self.priority, self.routing_key, self.sampling = priority, routing_key, sampling
         self.forced_output, self.max_new_tokens = forced_output, max_new_tokens
         self.stop_ids = frozenset(stop_ids) | {STOP}

@@ -4,7 +4,8 @@ One round (`schedule`) builds a BatchPlan: a chunked request in progress continu
 waiting requests are admitted in policy order (held back by in-batch dedup when a batch-mate
 will prefill their prefix), and when no prefill is formed (or mixed_decode is on) every
 running request decodes one token. `process` applies the executor's result: prompts enter the
-cache after prefill (cache_unfinished_req), requests leave it at finish (cache_finished_req).
+cache after prefill, requests leave it at finish. Every slot, lock and insert goes through the
+CacheManager: the scheduler decides who and how much, never which slots.
 """
 from __future__ import annotations
 
@@ -13,43 +14,30 @@ import logging
 import math
 from typing import Any, Callable
 
-import numpy as np
-
-from radixkv.cache.base import PrefixCache
-from radixkv.cache.nocache import NoCache
-from radixkv.cache.pool import EMPTY_SLOTS, SlotPool
+from radixkv.cache.manager import CacheManager
 from radixkv.config import SchedulerConfig
 from radixkv.sched.batch import BatchPlan, Segment, StepResult
-from radixkv.sched.admission import AddResult, Counters, PrefillAdder, alloc_slots
-from radixkv.sched.policy import QUEUE_ORDERS, InBatchDedup, MatchMemo, OrderContext
+from radixkv.sched.admission import AddResult, Counters, PrefillAdder
+from radixkv.sched.policy import QUEUE_ORDERS, RETRACT_ORDERS, InBatchDedup, OrderContext
 from radixkv.sched.request import Request, Status
 
 log = logging.getLogger(__name__)
+
 
 def _arrival_order(r: Request) -> tuple:
     return (r.arrival, r.index)
 
 
-_VICTIM_KEYS: dict[str, Callable[[Request], tuple]] = {
-    # larger key = retracted first
-    "most-remaining": lambda r: (r.remaining_decode, -len(r.output), r.index),
-    "least-progress": lambda r: (-len(r.output), r.prompt_len, r.index),
-    "newest": lambda r: (r.first_admit or 0.0, r.index),
-}
-
-
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, cache: PrefixCache, pool: SlotPool,
+    def __init__(self, cfg: SchedulerConfig, mgr: CacheManager,
                  on_admit: Callable[[Request], Any] | None = None):
-        if pool.page_size != cache.page_size:
-            raise ValueError(f"pool page size {pool.page_size} != cache page size {cache.page_size}")
-        self.cfg, self.cache, self.pool = cfg, cache, pool
+        self.cfg, self.mgr = cfg, mgr
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.chunked: Request | None = None
         self.order = QUEUE_ORDERS.get(cfg.policy)
-        self.memo = MatchMemo(cache)
-        self.ctx = OrderContext(self.running, cfg.seed)
+        self.victim_key = RETRACT_ORDERS.get(cfg.retract_policy)
+        self.ctx = OrderContext(mgr, self.running, cfg.seed)
         self.counters = Counters()
         self.new_token_ratio = cfg.init_new_token_ratio
         self.on_admit = on_admit
@@ -91,14 +79,14 @@ class Scheduler:
                 log.warning("%d waiting > %d: %s falls back to fcfs until the queue shrinks",
                             len(self.waiting), cfg.lpm_fallback_threshold, cfg.policy)
             self._falling_back = True
-            return QUEUE_ORDERS.get("fcfs")(self.waiting, self.memo, self.ctx)
+            return self.waiting                   # kept in arrival order: fcfs
         self._falling_back = False
-        return self.order(self.waiting, self.memo, self.ctx)
+        return self.order(self.waiting, self.ctx)
 
     def _schedule_prefill(self, plan: BatchPlan, now: float) -> None:
         cfg = self.cfg
-        adder = PrefillAdder(self.cache, self.pool, cfg.prefill_budget, cfg.chunked_prefill_size > 0,
-                             self._reserved(), self.new_token_ratio, self.counters)
+        adder = PrefillAdder(self.mgr, cfg.prefill_budget, cfg.chunked_prefill_size > 0,
+                             self._reserved(), self.new_token_ratio)
         if self.chunked is not None:
             req = self.chunked
             if adder.add_chunk(req) is AddResult.ADDED:
@@ -106,20 +94,19 @@ class Scheduler:
         if self.waiting and self.chunked is None:
             room = cfg.max_running_requests - len(self.running)
             dedup = None                          # holding back only helps when prefixes can be shared
-            if cfg.dedup and not isinstance(self.cache, NoCache):
+            if cfg.dedup and self.mgr.cache.shares_prefixes:
                 dedup = InBatchDedup(cfg.dedup_check_threshold, cfg.dedup_hold_threshold)
             admitted: set[int] = set()
             for req in self._ordered_waiting():
                 if len(adder.admitted) >= room:
                     break
-                if dedup is not None and dedup.should_hold(req, self.memo.get(req)[0]):
+                if dedup is not None and dedup.should_hold(req, self.ctx.prefix(req)[0]):
                     self.counters.held_back += 1
                     continue
                 res = adder.add(req)
                 if res in (AddResult.NO_TOKENS, AddResult.NO_MEMORY):
                     break
                 admitted.add(id(req))
-                self.memo.forget(req)
                 if dedup is not None:
                     dedup.admitted(req)
                 self._on_first_admit(req, now)
@@ -142,16 +129,13 @@ class Scheduler:
             self.on_admit(req)
 
     def _schedule_decode(self, plan: BatchPlan) -> None:
-        ps = self.pool.page_size
+        ps = self.mgr.page_size
         while True:
             needy = [r for r in self.running if len(r.slots) <= r.num_computed]
-            if len(needy) * ps <= self.pool.available() + self.cache.evictable_size():
+            if len(needy) * ps <= self.mgr.budget():
                 break
-            self.retract(max(self.running, key=_VICTIM_KEYS[self.cfg.retract_policy]))
-        if needy:
-            new = alloc_slots(self.pool, self.cache, len(needy) * ps, self.counters)
-            for i, r in enumerate(needy):
-                r.extend_slots(new[i * ps:(i + 1) * ps])
+            self.retract(max(self.running, key=self.victim_key))
+        self.mgr.grow(needy, ps)                   # a new page for each request that filled one
         for r in self.running:
             n = r.num_computed
             plan.decodes.append(Segment(r, n, r.tokens[n:n + 1], r.slots[:n + 1], sample=True))
@@ -164,9 +148,8 @@ class Scheduler:
         its computed KV enters the cache first, so its re-admission can hit."""
         if req not in self.running:                # checked first: nothing released yet
             raise ValueError(f"only a running request can be retracted, not {req!r}")
-        if self.cfg.retract_insert:
-            self.pool.free(self.cache.cache_unfinished_req(req))
-        self._release(req)
+        self.mgr.release(req, insert=self.cfg.retract_insert)
+        req.num_computed = 0
         self.running.remove(req)
         req.status = Status.WAITING
         req.retractions += 1
@@ -174,12 +157,6 @@ class Scheduler:
         self.new_token_ratio = self.cfg.init_new_token_ratio
         bisect.insort(self.waiting, req, key=_arrival_order)
         log.debug("retracted %r", req)
-
-    def _release(self, req: Request) -> None:
-        self.pool.free(req.slots[req.cached_len:])
-        if req.last_node is not None:
-            self.cache.dec_lock_ref(req.last_node)
-        req.slots, req.cached_len, req.last_node, req.num_computed = EMPTY_SLOTS, 0, None, 0
 
     # ---- results ------------------------------------------------------------------------------
     def process(self, plan: BatchPlan, result: StepResult, now: float) -> list[Request]:
@@ -194,7 +171,7 @@ class Scheduler:
                 if req.retractions:
                     req.recomputed_tokens += seg.n
             if not seg.sample:                    # a chunk: cache the computed part, keep the lock
-                self.pool.free(self.cache.cache_unfinished_req(req))
+                self.mgr.cache_req(req, finished=False)
                 continue
             if req.first_token is None:
                 req.first_token = now
@@ -202,19 +179,14 @@ class Scheduler:
                 self._finish(req, now)
                 finished.append(req)
             elif i < n_ext:                       # prefill complete: share the prompt, decode next
-                self.pool.free(self.cache.cache_unfinished_req(req))
+                self.mgr.cache_req(req, finished=False)
                 req.status = Status.RUNNING
                 self.running.append(req)
         return finished
 
     def _finish(self, req: Request, now: float) -> None:
-        self.pool.free(self.cache.cache_finished_req(req))      # it also resets the request's cache share
+        self.mgr.cache_req(req, finished=True)     # it also resets the request's cache share
         if req.status is Status.RUNNING:
             self.running.remove(req)
         req.status = Status.FINISHED
         req.finish_time = now
-
-    def held_slots(self) -> list[np.ndarray]:
-        """Slots held by requests (beyond the cache's share): for the conservation check."""
-        reqs = self.running + ([self.chunked] if self.chunked else [])
-        return [r.slots[r.cached_len:] for r in reqs]

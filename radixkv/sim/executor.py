@@ -17,6 +17,9 @@ class SimExecutor:
     def named(cls, model: str = "llama-3-8b", gpu: str = "h100-sxm") -> "SimExecutor":
         return cls(CostModel.named(model, gpu))
 
+    def release(self, rid: str) -> None:
+        return None                  # tokens come from the script: no per-request state to forget
+
     def run(self, plan: BatchPlan) -> StepResult:
         dt = self.cost.step_time([(s.prefix_len, s.n) for s in plan.extends],
                                  [s.prefix_len for s in plan.decodes])

@@ -14,8 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from radixkv.cache.key import RadixKey
-from radixkv.cache.radix import RadixCache, TreeNode
+from radixkv.cache.radix import RadixCache, TreeNode, path_key
 
 
 class FutureOracle:
@@ -42,13 +41,9 @@ class FutureOracle:
 
     def next_use(self, node: TreeNode) -> float:
         """Arrival index of the next request that will use `node`, or inf."""
-        parts, n = [], node
-        while n.parent is not None:
-            parts.append(n.key.buf)
-            n = n.parent
-        start = sum(len(p) for p in parts[1:]) // 4
-        path = b"".join(reversed(parts))[:(start + self.page_size) * 4]
-        f = self.tree.node_covering(RadixKey._raw(path, node.key.namespace))  # up to its first page
+        path = path_key(node)
+        start = len(path) - len(node.key)
+        f = self.tree.node_covering(path[:start + self.page_size])    # up to its first page
         if f is None:
             return math.inf
         users = self._users.get(id(f), ())

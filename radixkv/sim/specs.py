@@ -1,7 +1,7 @@
 """Hardware and serving specs for the cost model (no torch here).
 
 `GPUSpec` is one accelerator: datasheet peaks plus the sustained rates the cost model uses.
-`ModelSpec` (alias `ServingSpec`) is a model shape served at a tensor-parallel degree and a
+`ModelSpec` is a model shape served at a tensor-parallel degree and a
 dtype; its properties give the per-GPU figures the cost model needs. Units: bytes, FLOPs,
 seconds; "GB" and "TB/s" below are decimal (1e9, 1e12), as on the datasheets.
 """
@@ -156,7 +156,6 @@ class ModelSpec:
         return 4 * m.n_layers * m.n_heads * m.head_dim
 
 
-ServingSpec = ModelSpec
 
 MODEL_SPECS: dict[str, ModelSpec] = {
     "llama-3-8b": ModelSpec(get_model_config("llama-3-8b"), tp=1),

@@ -8,6 +8,7 @@ import pytest
 from radixkv.cache.base import CacheReq
 from radixkv.cache.blockhash import BlockHashCache
 from radixkv.cache.events import chain_hash
+from radixkv.cache.manager import CacheManager
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
 from radixkv.replay import replay
@@ -31,20 +32,14 @@ def snap(c: BlockHashCache) -> tuple:
 
 
 def serve(c: BlockHashCache, pool: SlotPool, prompt, output=(), ns=(None, None)) -> int:
-    """One request as a sequential replay serves it; returns its hit tokens."""
-    k = key(list(prompt) + list(output), ns)
-    m = c.lookup(k[:len(prompt)])
-    c.inc_lock_ref(m.last_node)
-    n_new, bs = len(k) - m.prefix_len, c.block_size
-    short = -(-n_new // bs) * bs - pool.available()
-    if short > 0:
-        pool.free(c.evict(short))
-    slots = np.concatenate([m.slots, pool.alloc(n_new)])
-    res = c.insert(k, slots[:len(k)])
-    stored = len(k) - len(k) % bs
-    pool.free(np.concatenate([slots[m.prefix_len:res.prefix_len], slots[stored:]]))
-    c.dec_lock_ref(m.last_node)
-    return m.prefix_len
+    """One request as a sequential replay serves it (through a CacheManager); returns its
+    hit tokens."""
+    mgr = CacheManager(c, pool)
+    req = CacheReq(key(list(prompt) + list(output), ns))
+    hit = mgr.admit(req, req.key[:len(prompt) - 1], len(req.key))   # the len - 1 rule
+    assert hit is not None, "the pool cannot hold the request"
+    mgr.cache_req(req, finished=True)
+    return hit
 
 
 # ---- the scripted sequence -----------------------------------------------------------------
@@ -149,21 +144,21 @@ def test_namespace_isolation_and_salt_chains_through_every_block():
 
 def test_finished_request_blocks_go_to_the_tail_in_reverse_order():
     c, pool = BlockHashCache(block_size=4), SlotPool(64, page_size=4)
+    mgr = CacheManager(c, pool)
     serve(c, pool, toks(500, 8))                               # an older entry: blocks 0, 1
     assert c.free_queue_ids() == [1, 0]
-    req = CacheReq(key=key(toks(0, 18)), slots=pool.alloc(18))   # blocks 2..5 + a partial page
-    assert pool.free(c.cache_finished_req(req)) is None
+    req = CacheReq(key=key(toks(0, 18)))                        # blocks 2..5 + a partial page
+    assert mgr.admit(req, req.key[:0], 18) == 0
+    assert mgr.cache_req(req, finished=True).tolist() == list(range(24, 28))
     assert c.free_queue_ids() == [1, 0, 5, 4, 3, 2]
     # a later request that hit the first two blocks: all its blocks return reversed
     P = toks(0, 8) + toks(50, 9)
-    m = c.lookup(key(P))
-    assert ids(m.last_node) == [2, 3]
-    c.inc_lock_ref(m.last_node)
-    slots = np.concatenate([m.slots, pool.alloc(len(P) - 8)])
-    req = CacheReq(key=key(P), slots=slots, cached_len=8, last_node=m.last_node)
-    pool.free(c.cache_finished_req(req))
+    assert ids(c.lookup(key(P)).last_node) == [2, 3]
+    req = CacheReq(key=key(P))
+    assert mgr.admit(req, req.key[:-1], len(P)) == 8 and ids(req.last_node) == [2, 3]
+    mgr.cache_req(req, finished=True)
     assert c.free_queue_ids() == [1, 0, 5, 4, 7, 6, 3, 2]         # new 6, 7; then 3, 2
-    pool.check_conservation(c.held_slots())
+    mgr.check()
 
 
 # ---- orphans and duplicates ----------------------------------------------------------------

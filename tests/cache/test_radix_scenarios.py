@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from radixkv.cache.base import CacheReq
+from radixkv.cache.manager import CacheManager
 from radixkv.cache.events import KVEvent, chain_hash
 from radixkv.cache.key import RadixKey
 from radixkv.cache.nocache import NoCache
@@ -491,133 +492,132 @@ def test_events_off_by_default():
     assert tree.take_events() == []
 
 
-# ---- request helpers ---------------------------------------------------------------------
-def _conserve(pool, tree, running):
-    pool.check_conservation(list(tree.held_slots()) + [r.slots[r.cached_len:] for r in running])
-
-
+# ---- the request lifecycle (CacheManager) -------------------------------------------------
 def test_request_helpers_page1():
     pool, tree = SlotPool(64), RadixCache(clock=FakeClock())
-    r1 = CacheReq(RadixKey([1, 2, 3, 4, 5, 6]), pool.alloc(6))
-    assert tree.cache_unfinished_req(r1).size == 0
+    mgr = CacheManager(tree, pool)
+    r1 = CacheReq(RadixKey([1, 2, 3, 4, 5, 6]))
+    assert mgr.admit(r1, r1.key[:-1], 6) == 0
+    assert mgr.cache_req(r1, finished=False).size == 0
     assert r1.cached_len == 6 and r1.last_node.lock_ref == 1
     assert r1.slots.tolist() == [0, 1, 2, 3, 4, 5]
     assert tree.protected_size() == 6 and tree.evictable_size() == 0
-    _conserve(pool, tree, [r1])
-    # r3 prefilled the same prompt independently (same batch): all 6 are duplicates
-    r3 = CacheReq(RadixKey([1, 2, 3, 4, 5, 6]), pool.alloc(6))
+    mgr.check()
+    # r3 prefilled the same prompt independently (same batch, matched nothing): all 6 are
+    # duplicates, freed by the manager
+    r3 = CacheReq(RadixKey([1, 2, 3, 4, 5, 6]))
+    assert mgr.admit(r3, r3.key[:0], 6) == 0
     assert r3.slots.tolist() == [6, 7, 8, 9, 10, 11]
-    dup = tree.cache_unfinished_req(r3)
+    dup = mgr.cache_req(r3, finished=False)
     assert dup.tolist() == [6, 7, 8, 9, 10, 11]
-    pool.free(dup)
     assert r3.slots.tolist() == [0, 1, 2, 3, 4, 5] and r3.cached_len == 6
     assert r3.last_node is r1.last_node and r1.last_node.lock_ref == 2
-    _conserve(pool, tree, [r1, r3])
+    mgr.check()
     # r2 shares 4 tokens via match; its own 2 come from the pool
-    m = tree.match_prefix([1, 2, 3, 4, 9, 9])
-    assert m.prefix_len == 4
-    tree.inc_lock_ref(m.last_node)
-    own2 = pool.alloc(2)
+    r2 = CacheReq(RadixKey([1, 2, 3, 4, 9, 9]))
+    assert mgr.admit(r2, r2.key, 6) == 4
+    own2 = r2.slots[4:]
     assert sorted(own2.tolist()) == [10, 11]                 # freed duplicates are reused
-    r2 = CacheReq(RadixKey([1, 2, 3, 4, 9, 9]), np.concatenate([m.slots, own2]), 4, m.last_node)
-    assert r2.slots.tolist() == [0, 1, 2, 3] + own2.tolist()
-    _conserve(pool, tree, [r1, r2, r3])
+    assert r2.slots.tolist() == [0, 1, 2, 3] + own2.tolist() and r2.cached_len == 4
+    mgr.check()
     # r1 decodes two tokens and finishes
     r1.key = r1.key + [7, 8]
-    own1 = pool.alloc(2)
-    r1.slots = np.concatenate([r1.slots, own1])
+    mgr.grow([r1], 2)
+    own1 = r1.slots[6:]
     leaf6 = r1.last_node
-    assert tree.cache_finished_req(r1).size == 0
+    assert mgr.cache_req(r1, finished=True).size == 0
     assert (r1.last_node, r1.cached_len, r1.slots.size) == (None, 0, 0)
     assert leaf6.lock_ref == 1                               # r3 still holds it
     assert tree.match_prefix([1, 2, 3, 4, 5, 6, 7, 8], split=False).slots.tolist() == [0, 1, 2, 3, 4, 5] + own1.tolist()
-    _conserve(pool, tree, [r2, r3])
+    mgr.check()
     # r3 finishes with a different tail: [5,6] cached, its 2 new tokens stored
     r3.key = r3.key + [70]
-    r3.slots = np.concatenate([r3.slots, pool.alloc(1)])
-    assert tree.cache_finished_req(r3).size == 0
+    mgr.grow([r3], 1)
+    assert mgr.cache_req(r3, finished=True).size == 0
     # r2 finishes: 4 cached, [9, 9] new
-    assert tree.cache_finished_req(r2).size == 0
+    assert mgr.cache_req(r2, finished=True).size == 0
     assert tree.protected_size() == 0 and tree.total_size() == 11
-    _conserve(pool, tree, [])
-    tree.check_invariants()
+    mgr.check()
+    assert mgr.holders() == []
 
 
 def test_request_helpers_page4_tail_and_duplicates():
     pool, tree = SlotPool(128, 4), RadixCache(page_size=4, clock=FakeClock())
+    mgr = CacheManager(tree, pool)
     k10 = list(range(1, 11))
-    r = CacheReq(RadixKey(k10), pool.alloc(10))              # 3 pages: 12 slots
+    r = CacheReq(RadixKey(k10))
+    assert mgr.admit(r, r.key[:-1], 10) == 0                 # 3 pages: 12 slots
     assert r.slots.tolist() == list(range(12))
-    assert tree.cache_unfinished_req(r).size == 0
+    assert mgr.cache_req(r, finished=False).size == 0
     assert r.cached_len == 8 and r.slots.tolist() == list(range(12))   # keeps its tail page
     assert tree.total_size() == 8 and tree.protected_size() == 8
-    _conserve(pool, tree, [r])
-    r2 = CacheReq(RadixKey(k10), pool.alloc(10))
+    mgr.check()
+    r2 = CacheReq(RadixKey(k10))
+    assert mgr.admit(r2, r2.key[:0], 10) == 0                # computed it all independently
     assert r2.slots.tolist() == list(range(12, 24))
-    dup = tree.cache_unfinished_req(r2)
+    dup = mgr.cache_req(r2, finished=False)
     assert dup.tolist() == list(range(12, 20))
-    pool.free(dup)
     assert r2.slots.tolist() == list(range(8)) + [20, 21, 22, 23] and r2.cached_len == 8
     node8 = r.last_node
     assert r2.last_node is node8 and node8.lock_ref == 2
-    _conserve(pool, tree, [r, r2])
+    mgr.check()
     # r decodes 3 tokens (13 total): page 3 is complete and enters the tree
     r.key = r.key + [11, 12, 13]
-    own = pool.alloc(4)
-    r.slots = np.concatenate([r.slots, own])
-    assert tree.cache_unfinished_req(r).size == 0
+    mgr.grow([r], 4)
+    own = r.slots[12:]
+    assert mgr.cache_req(r, finished=False).size == 0
     assert r.cached_len == 12 and r.last_node is not node8 and r.last_node.parent is node8
     assert r.last_node.value.tolist() == [8, 9, 10, 11]
     assert node8.lock_ref == 2 and r.last_node.lock_ref == 1           # r moved its lock down
     assert tree.protected_size() == 12 and tree.evictable_size() == 0
-    _conserve(pool, tree, [r, r2])
+    mgr.check()
     # r2 finishes at 10 tokens: its tail page (partial) is freed, the lock released
-    freed = tree.cache_finished_req(r2)
+    freed = mgr.cache_req(r2, finished=True)
     assert freed.tolist() == [20, 21, 22, 23]
-    pool.free(freed)
     assert node8.lock_ref == 1
-    _conserve(pool, tree, [r])
+    mgr.check()
     # r finishes at 13: cached [0, 12), its tail page returned
-    freed = tree.cache_finished_req(r)
+    freed = mgr.cache_req(r, finished=True)
     assert freed.tolist() == own.tolist()
-    pool.free(freed)
     assert tree.protected_size() == 0 and tree.evictable_size() == 12
-    _conserve(pool, tree, [])
+    mgr.check()
     # a finished duplicate request: everything comes back (8 duplicates + the tail page)
-    r3 = CacheReq(RadixKey(k10), pool.alloc(10))
+    r3 = CacheReq(RadixKey(k10))
+    assert mgr.admit(r3, r3.key[:0], 10) == 0
     r3_slots = r3.slots.tolist()
-    freed = tree.cache_finished_req(r3)
+    freed = mgr.cache_req(r3, finished=True)
     assert freed.tolist() == r3_slots and len(r3_slots) == 12
-    pool.free(freed)
-    _conserve(pool, tree, [])
+    mgr.check()
     assert pool.used() == 12
     tree.check_invariants()
 
 
 def test_request_helpers_short_request_locks_root():
     pool, tree = SlotPool(16, 4), RadixCache(page_size=4, clock=FakeClock())
-    r = CacheReq(RadixKey([1, 2, 3]), pool.alloc(3))
-    assert tree.cache_unfinished_req(r).size == 0
+    mgr = CacheManager(tree, pool)
+    r = CacheReq(RadixKey([1, 2, 3]))
+    assert mgr.admit(r, r.key[:-1], 3) == 0
+    assert mgr.cache_req(r, finished=False).size == 0
     assert r.last_node is tree.root and r.cached_len == 0 and tree.root.lock_ref == 2
     assert tree.total_size() == 0
-    freed = tree.cache_finished_req(r)
+    freed = mgr.cache_req(r, finished=True)
     assert freed.tolist() == [0, 1, 2, 3] and tree.root.lock_ref == 1
-    pool.free(freed)
-    _conserve(pool, tree, [])
+    mgr.check()
     tree.check_invariants()
 
 
 def test_nocache():
     pool, c = SlotPool(16), NoCache()
+    mgr = CacheManager(c, pool)
     c.reset()
-    r = CacheReq(RadixKey([1, 2, 3]), pool.alloc(3))
+    r = CacheReq(RadixKey([1, 2, 3]))
+    assert mgr.admit(r, r.key[:-1], 3) == 0
     assert c.match_prefix([1, 2, 3]) == (0, c.match_prefix([]).slots, None)
     assert c.match_prefix([1, 2, 3]).slots.size == 0
-    assert c.cache_unfinished_req(r).size == 0 and r.slots.tolist() == [0, 1, 2]
-    freed = c.cache_finished_req(r)
+    assert mgr.cache_req(r, finished=False).size == 0 and r.slots.tolist() == [0, 1, 2]
+    freed = mgr.cache_req(r, finished=True)
     assert freed.tolist() == [0, 1, 2] and r.slots.size == 0 and r.last_node is None
-    pool.free(freed)
-    pool.check_conservation(c.held_slots())
+    mgr.check()
     assert c.insert([1, 2, 3], [5, 6, 7]).prefix_len == 3
     assert NoCache(page_size=2).insert([1, 2, 3], [5, 6, 7]).prefix_len == 2
     assert c.evict(10).size == 0
@@ -630,14 +630,6 @@ def test_nocache():
         c.insert([1, 2, 3], [0, 1])
     with pytest.raises(ValueError, match="token id -1"):
         c.match_prefix([-1])
-
-
-def test_disabled_radix_cache_matches_nothing():
-    tree = RadixCache(disable=True, clock=FakeClock())
-    assert tree.insert([1, 2], [0, 1]) == (0, tree.root)
-    m = tree.match_prefix([1, 2])
-    assert m.prefix_len == 0 and m.slots.size == 0 and m.last_node is tree.root
-    assert tree.total_size() == 0
 
 
 def test_demo_module_runs():

@@ -46,6 +46,9 @@ class Recorder:
     def __init__(self, inner):
         self.inner, self.name, self.steps = inner, inner.name, []
 
+    def release(self, rid):
+        self.inner.release(rid)
+
     def run(self, plan):
         self.steps.append([(s.req.rid, s.prefix_len, s.n, s.sample, "extend") for s in plan.extends]
                           + [(s.req.rid, s.prefix_len, s.n, s.sample, "decode") for s in plan.decodes])
@@ -66,21 +69,23 @@ def fake_result(plan, dt: float = 0.01) -> StepResult:
 
 def make_scheduler(kv_capacity: int = 10_000, page_size: int = 1, kind: str = "radix", **sched_kw):
     """A Scheduler over a fresh cache and pool (no engine): drive it with schedule/process."""
+    from radixkv.cache.manager import CacheManager
     from radixkv.cache.pool import SlotPool
     from radixkv.sched.scheduler import Scheduler
     kw = dict(max_prefill_tokens=100_000, chunked_prefill_size=0, dedup=False)
     kw.update(sched_kw)
     cache_cfg = CacheConfig(kind, page_size)
     cache = cache_cfg.build(clock=logical_clock()) if kind == "radix" else cache_cfg.build()
-    return Scheduler(SchedulerConfig(**kw), cache, SlotPool(kv_capacity, page_size))
+    return Scheduler(SchedulerConfig(**kw), CacheManager(cache, SlotPool(kv_capacity, page_size)))
 
 
 def warm(sched, tokens) -> None:
     """Put `tokens` in the scheduler's cache as if a finished request had left them there."""
+    from radixkv.cache.base import CacheReq
     from radixkv.cache.key import RadixKey
-    slots = sched.pool.alloc(len(tokens))
-    res = sched.cache.insert(RadixKey(tokens), slots)
-    sched.pool.free(slots[:res.prefix_len])
+    req = CacheReq(RadixKey(tokens))
+    assert sched.mgr.admit(req, req.key, len(req.key)) is not None
+    sched.mgr.cache_req(req, finished=True)
 
 
 def admitted_order(sched, now: float = 0.0):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from radixkv.config import (QUEUE_POLICIES, RETRACT_POLICIES, CacheConfig, EngineConfig,
-                            SchedulerConfig)
+from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
+from radixkv.sched.policy import QUEUE_ORDERS, RETRACT_ORDERS
 from radixkv.sched.request import Request
 
 from ._helpers import make_engine, toks
@@ -31,9 +31,9 @@ def test_request_capacity_check_rounds_to_pages():
 
 
 @pytest.mark.parametrize("cls, field, value, valid", [
-    (SchedulerConfig, "policy", "lpmx", QUEUE_POLICIES),
-    (SchedulerConfig, "policy", None, QUEUE_POLICIES),
-    (SchedulerConfig, "retract_policy", "oldest", RETRACT_POLICIES),
+    (SchedulerConfig, "policy", "lpmx", QUEUE_ORDERS.names()),
+    (SchedulerConfig, "policy", None, QUEUE_ORDERS.names()),
+    (SchedulerConfig, "retract_policy", "oldest", RETRACT_ORDERS.names()),
     (CacheConfig, "kind", "trie", ("radix", "blockhash", "none")),
     (CacheConfig, "eviction", "lruu", ("lru", "mru", "fifo", "filo", "lfu", "slru", "priority", "belady")),
     (CacheConfig, "hash_algo", "md5", ("sha256", "xxhash")),

@@ -1,5 +1,5 @@
 """Queue orders: the exact admission order of one scheduling round, per policy, and the
-MatchMemo that keeps cache-aware orders cheap."""
+CacheManager's match memo that keeps cache-aware orders cheap."""
 from __future__ import annotations
 
 import random
@@ -49,18 +49,18 @@ def test_lpm_admits_longest_cached_prefix_first():
     add_all(s, lpm_requests())
     assert admitted_order(s) == [("r3", 100), ("r6", 99), ("r1", 50), ("r5", 50), ("r2", 30),
                                  ("r4", 10), ("r0", 0)]
-    s.cache.check_invariants()
+    s.mgr.check()
 
 
 def test_lpm_order_is_the_sorted_pure_read_match():
     s = make_scheduler(policy="lpm")
     warm_lpm(s)
     reqs = add_all(s, lpm_requests())
-    before = s.cache.num_nodes()
+    before = s.mgr.cache.num_nodes()
     ordered = s._ordered_waiting()
-    assert s.cache.num_nodes() == before                  # asking split nothing
+    assert s.mgr.cache.num_nodes() == before              # asking split nothing
     assert [r.rid for r in ordered] == ["r3", "r6", "r1", "r5", "r2", "r4", "r0"]
-    assert [s.memo.get(r)[0] for r in ordered] == [100, 99, 50, 50, 30, 10, 0]
+    assert [s.ctx.prefix(r)[0] for r in ordered] == [100, 99, 50, 50, 30, 10, 0]
     assert len(reqs) == 7
 
 
@@ -167,7 +167,19 @@ def test_dfs_weight_on_blockhash_is_fcfs():
     assert [rid for rid, _ in admitted_order(s)] == ["b", "a"]
 
 
-# ---- MatchMemo ----------------------------------------------------------------------------
+# ---- the match memo ------------------------------------------------------------------------
+
+def count_pure_reads(s) -> list[int]:
+    """Counts the cache's pure-read matches (the memo's recomputations) from now on."""
+    cache, n = s.mgr.cache, [0]
+    inner = cache.match_prefix
+
+    def spy(key, split=True):
+        n[0] += not split
+        return inner(key, split)
+    cache.match_prefix = spy
+    return n
+
 
 def test_match_memo_reuses_until_the_last_node_changes():
     s = make_scheduler(policy="lpm", max_running_requests=1)
@@ -177,7 +189,7 @@ def test_match_memo_reuses_until_the_last_node_changes():
     w2 = Request("w2", X + toks(6000, 10), 3, arrival=2.0, index=2)
     for r in (a, w1, w2):
         s.add(r)
-    memo = s.memo
+    recomputed = count_pure_reads(s)
 
     def round_(now):
         plan = s.schedule(now)
@@ -186,34 +198,34 @@ def test_match_memo_reuses_until_the_last_node_changes():
 
     plan = round_(0.0)                                   # sorts a, w1, w2: 3 fresh matches
     assert [seg.req.rid for seg in plan.extends] == ["a"]
-    assert (memo.recomputed, memo.reused) == (3, 0)
+    assert recomputed[0] == 3
     # a's prompt entered the tree under X (X's children changed): w1, w2 are asked again
     plan = round_(1.0)
     assert not plan.extends and [seg.req.rid for seg in plan.decodes] == ["a"]
-    assert (memo.recomputed, memo.reused) == (5, 0)
-    assert memo.get(w1)[0] == 40 and memo.get(w2)[0] == 40
-    assert (memo.recomputed, memo.reused) == (5, 2)
+    assert recomputed[0] == 5
+    assert s.ctx.prefix(w1)[0] == 40 and s.ctx.prefix(w2)[0] == 40
+    assert recomputed[0] == 5                            # both reused
     # a decode round changes no node: both memoized answers are reused
     round_(2.0)
-    assert (memo.recomputed, memo.reused) == (5, 4)
+    assert recomputed[0] == 5
     # an insert under X (the memoized last node of w1 and w2) invalidates both; w1 now
     # matches 5 more tokens
     warm(s, X + toks(5000, 5))
-    assert memo.get(w1)[0] == 45
-    assert memo.get(w2)[0] == 40
-    assert (memo.recomputed, memo.reused) == (7, 4)
-    assert memo.get(w1)[0] == 45 and (memo.recomputed, memo.reused) == (7, 5)
+    assert s.ctx.prefix(w1)[0] == 45
+    assert s.ctx.prefix(w2)[0] == 40
+    assert recomputed[0] == 7
+    assert s.ctx.prefix(w1)[0] == 45 and recomputed[0] == 7
 
 
 def test_match_memo_recomputes_after_eviction_and_growth():
     s = make_scheduler(policy="lpm")
     warm(s, X)
     r = Request("r", X + toks(5000, 10), 3)
-    memo = s.memo
-    assert memo.get(r)[0] == 40 and memo.recomputed == 1
-    s.pool.free(s.cache.evict(10_000))                   # X is gone
-    assert memo.get(r)[0] == 0 and memo.recomputed == 2
+    recomputed = count_pure_reads(s)
+    assert s.ctx.prefix(r)[0] == 40 and recomputed[0] == 1
+    s.mgr.pool.free(s.mgr.cache.evict(10_000))           # X is gone
+    assert s.ctx.prefix(r)[0] == 0 and recomputed[0] == 2
     r.tokens.append(1)                                    # a longer fill is a new question
-    assert memo.get(r)[0] == 0 and memo.recomputed == 3
-    memo.forget(r)
-    assert memo.get(r)[0] == 0 and memo.recomputed == 4
+    assert s.ctx.prefix(r)[0] == 0 and recomputed[0] == 3
+    s.mgr.forget(r)
+    assert s.ctx.prefix(r)[0] == 0 and recomputed[0] == 4

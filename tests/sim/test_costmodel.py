@@ -7,7 +7,7 @@ import pytest
 
 from radixkv.sim.costmodel import DEFAULT_STEP_OVERHEAD_S, CostModel
 from radixkv.shapes import ModelArgs, get_model_config
-from radixkv.sim.specs import (GPU_SPECS, MODEL_SPECS, GPUSpec, ModelSpec, ServingSpec,
+from radixkv.sim.specs import (GPU_SPECS, MODEL_SPECS, GPUSpec, ModelSpec,
                                   get_gpu, get_model_spec, kv_capacity_tokens)
 
 # Toy shape: dim 8, 2 layers, 2 heads of head_dim 4, 1 KV head, MLP 16, vocab 10.
@@ -167,7 +167,6 @@ def test_named_specs():
     assert set(MODEL_SPECS) >= {"llama-3-8b", "llama-3-70b", "llama-3-70b-tp8", "qwen2-7b"}
     assert get_model_spec("llama-3-70b").tp == 4 and get_model_spec("llama-3-70b-tp8").tp == 8
     assert get_model_spec("llama-3-70b-tp8").name == "llama-3-70b-tp8"
-    assert ServingSpec is ModelSpec
     h100, h200 = get_gpu("h100-sxm"), get_gpu("h200")
     assert h100.peak_bf16_tflops == h200.peak_bf16_tflops == 989.0
     assert h200.hbm_bandwidth_Bps / h100.hbm_bandwidth_Bps == pytest.approx(4.8 / 3.35)

@@ -1,0 +1,199 @@
+"""CacheManager: one request lifecycle over a PrefixCache and its SlotPool.
+
+The manager is the only code that allocates, inserts, frees and locks on a request's behalf:
+the scheduler, the sequential replay and the tests all go through it, so slot conservation
+holds by construction and is checked in one place (`check`).
+
+A request (sched.Request or cache.base.CacheReq) exposes `key` (tokens whose KV is computed),
+`slots`, `cached_len`, `last_node`, `priority` and `extend_slots(new)`. Its slots are
+
+    [0, cached_len)            the cache's: protected by the request's lock on last_node
+    [cached_len, len(slots))   its own: computed KV not yet in the cache, then spare slots
+
+Lifecycle: `admit` (match, lock, allocate) -> `grow` (chunks, decode pages) ->
+`cache_req(finished=False)` after a prefill or chunk (others share it at once) ->
+`cache_req(finished=True)` at the end, or `release` when retracted. Each call checks
+everything before it changes anything: a refused or failed call leaves cache, pool and
+request as they were.
+"""
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+import numpy as np
+
+from radixkv.cache.base import MatchResult, PrefixCache
+from radixkv.cache.key import RadixKey
+from radixkv.cache.pool import EMPTY_SLOTS, OutOfSlotsError, SlotPool, round_up
+
+
+class CacheManager:
+    def __init__(self, cache: PrefixCache, pool: SlotPool):
+        if pool.page_size != cache.page_size:
+            raise ValueError(f"pool page size {pool.page_size} != cache page size {cache.page_size}")
+        self.cache, self.pool, self.page_size = cache, pool, cache.page_size
+        self.evicted_tokens = 0
+        self._memo: dict[int, tuple] = {}       # id(owner) -> (owner, len(key), prefix_len, node, stamp)
+        self._holders: dict[int, Any] = {}      # id(req) -> req, for every request holding slots
+
+    # ---- reads: never change the cache --------------------------------------------------------
+    def budget(self) -> int:
+        """Slots an allocation could get now: free plus evictable."""
+        return self.pool.available() + self.cache.evictable_size()
+
+    def peek(self, key: RadixKey) -> MatchResult:
+        return self.cache.match_prefix(key, split=False)
+
+    def cached_prefix(self, owner: Hashable, key: RadixKey) -> tuple[int, Any]:
+        """(prefix_len, last_node) of `key`'s pure-read match, memoised per owner: reused while
+        the cache says the match is still valid, so queue orders can ask every round."""
+        e = self._memo.get(id(owner))
+        if e is not None and e[0] is owner and e[1] == len(key) \
+                and self.cache.match_valid(e[3], e[4]):
+            return e[2], e[3]
+        m = self.cache.match_prefix(key, split=False)
+        self._memo[id(owner)] = (owner, len(key), m.prefix_len, m.last_node,
+                                 self.cache.match_stamp(m.last_node))
+        return m.prefix_len, m.last_node
+
+    def forget(self, owner: Hashable) -> None:
+        self._memo.pop(id(owner), None)
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def alloc(self, n: int) -> np.ndarray:
+        """`n` slots in whole pages, evicting from the cache as needed. Raises OutOfSlotsError,
+        changing nothing, when even evicting everything evictable would not make room."""
+        need = round_up(n, self.page_size)
+        if need > self.budget():
+            raise OutOfSlotsError(f"asked for {n} slots; only {self.pool.available()} free and "
+                                  f"{self.cache.evictable_size()} evictable")
+        short = need - self.pool.available()
+        if short > 0:
+            freed = self.cache.evict(short)
+            self.evicted_tokens += len(freed)
+            self.pool.free(freed)
+        return self.pool.alloc(n)
+
+    def admit(self, req, key: RadixKey, upto: int, reserve: int = 0) -> int | None:
+        """Match `key` (splitting), lock the hit, and give `req` slots for its first `upto`
+        tokens — [cached prefix | new], new rounded up to whole pages — while `reserve` slots
+        stay spare for others. Returns the cached prefix length, or None when memory is short;
+        then nothing changed (a request refused on the pure-read check is not even touched)."""
+        if id(req) in self._holders:
+            raise ValueError(f"{req!r} already holds slots: admit it once")
+        ps = self.page_size
+        if round_up(upto, ps) + reserve > self.budget():  # may not fit: decide on a pure read
+            p, _ = self.cached_prefix(req, key)
+            if round_up(upto, ps) - p + reserve > self.budget():
+                return None
+        m = self.cache.match_prefix(key, split=True)        # the one splitting match
+        self.cache.inc_lock_ref(m.last_node)
+        need = max(round_up(upto, ps) - m.prefix_len, 0)
+        if need + reserve > self.budget():                   # the lock may have shrunk evictable
+            self.cache.dec_lock_ref(m.last_node)
+            return None
+        new = self.alloc(need)
+        req.slots = np.concatenate([m.slots, new]) if m.prefix_len else new
+        req.cached_len, req.last_node = m.prefix_len, m.last_node
+        self._holders[id(req)] = req
+        self.forget(req)
+        return m.prefix_len
+
+    def grow(self, reqs: list, n_each: int) -> None:
+        """Give each request `n_each` more slots (a decode page, a chunk), in one allocation."""
+        for r in reqs:
+            self._check_holder(r)
+        if not reqs or n_each <= 0:
+            return
+        new = self.alloc(len(reqs) * n_each)
+        for i, r in enumerate(reqs):
+            r.extend_slots(new[i * n_each:(i + 1) * n_each])
+
+    # ---- the cache takes its share --------------------------------------------------------------
+    # Slot ranges when a request enters the cache. T = len(req.key), A = T rounded down to a
+    # page, C = req.cached_len, P = insert(...).prefix_len (C <= P <= A):
+    #
+    #   [0, C)           cached      already the cache's; the request only moves or drops its lock
+    #   [C, P)           duplicate   another request stored these tokens first: freed here; an
+    #                                unfinished request switches to the cache's copies
+    #   [P, A)           new         the cache owns them from now on
+    #   [A, len(slots))  tail        finished: freed here; unfinished: kept for the next tokens
+
+    def cache_req(self, req, finished: bool) -> np.ndarray:
+        """Insert the request's computed tokens. Unfinished: it keeps running, its lock moves
+        to the new last node. Finished: its lock and every slot the cache does not keep are
+        released. Returns the slots freed (already back in the pool)."""
+        T = self._check_share(req)
+        if not self.cache.shares_prefixes:           # nothing is stored: the slots stay with it
+            return self._drop(req) if finished else EMPTY_SLOTS
+        A = T - T % self.page_size
+        C, slots = req.cached_len, req.slots
+        res = self.cache.insert(req.key[:A], slots[:A], priority=req.priority)
+        P = res.prefix_len
+        if finished:
+            freed = np.concatenate([slots[C:P], slots[A:]])
+            self.pool.free(freed)
+            self.cache.dec_lock_ref(req.last_node)
+            self._reset(req)
+            return freed
+        freed = slots[C:P].copy()
+        if P > C:                                    # switch to the cache's copies
+            slots = slots.copy()
+            slots[C:P] = self.cache.match_prefix(req.key[:A], split=False).slots[C:P]
+            req.slots = slots
+        self.pool.free(freed)
+        self.cache.inc_lock_ref(res.last_node)       # lock new before unlocking old: the shared
+        self.cache.dec_lock_ref(req.last_node)       # path never becomes evictable in between
+        req.cached_len, req.last_node = A, res.last_node
+        return freed
+
+    def release(self, req, insert: bool = False) -> None:
+        """Take everything back from a request leaving without finishing (retraction, abort).
+        With insert=True its computed KV enters the cache first, so a re-admission can hit."""
+        self._check_share(req)
+        if insert:
+            self.cache_req(req, finished=False)
+        self._drop(req)
+
+    def _drop(self, req) -> np.ndarray:
+        freed = req.slots[req.cached_len:]
+        self.pool.free(freed)
+        self.cache.dec_lock_ref(req.last_node)
+        self._reset(req)
+        return freed
+
+    def _reset(self, req) -> None:
+        req.slots, req.cached_len, req.last_node = EMPTY_SLOTS, 0, None
+        del self._holders[id(req)]
+
+    def _check_holder(self, req) -> None:
+        if self._holders.get(id(req)) is not req:
+            raise ValueError(f"{req!r} holds no slots from this manager")
+
+    def _check_share(self, req) -> int:
+        """Every check cache_req and release need, before anything changes; returns len(key)."""
+        self._check_holder(req)
+        self.cache.check_lock(req.last_node)
+        T = len(req.key)
+        if not req.cached_len <= T <= len(req.slots):
+            raise ValueError(f"{req!r}: {T} computed tokens but {len(req.slots)} slots and "
+                             f"{req.cached_len} cached")
+        return T
+
+    # ---- checks -----------------------------------------------------------------------------------
+    def holders(self) -> list:
+        return list(self._holders.values())
+
+    def check(self) -> None:
+        """Cache invariants, and slot conservation over the cache and every holder."""
+        self.cache.check_invariants()
+        self.pool.check_conservation(list(self.cache.held_slots())
+                                     + [r.slots[r.cached_len:] for r in self._holders.values()])
+
+    def reset(self) -> None:
+        """Empty the cache and the pool; no request may hold slots."""
+        if self._holders:
+            raise ValueError(f"{len(self._holders)} requests still hold slots")
+        self.cache.reset()
+        self.pool.reset()
+        self._memo.clear()
