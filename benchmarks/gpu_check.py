@@ -64,8 +64,7 @@ def run_waves(state: dict, device: str, kind: str, page: int = 1, chunk: int = 0
         for rid, prompt in wave:
             eng.add_request(Request(rid, prompt, new, arrival=eng.now, sampling=SamplingParams()))
         rep = eng.run_until_idle()
-    eng.pool.check_conservation(eng.cache.held_slots())
-    eng.cache.check_invariants()
+    eng.manager.check()
     return {r.rid: list(r.output) for r in eng.finished}, dict(ex.last_logits), rep
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from radixkv.validate import positive_int
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -29,9 +31,7 @@ class ModelArgs:
 
     def __post_init__(self):
         for f in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"ModelArgs.{f} must be a positive int, got {v!r}")
+            positive_int(getattr(self, f), f"ModelArgs.{f}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:

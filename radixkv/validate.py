@@ -18,6 +18,19 @@ def is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+def is_number(v) -> bool:
+    """A real number (a Python or numpy int or float), never a bool."""
+    return isinstance(v, (int, float, np.integer, np.floating)) \
+        and not isinstance(v, (bool, np.bool_))
+
+
+def _finite(v) -> bool:
+    try:
+        return is_number(v) and math.isfinite(v)
+    except OverflowError:           # an int beyond float range
+        return False
+
+
 def int_at_least(v, what: str, lo: int = 0) -> int:
     if not is_int(v) or v < lo:
         raise ValueError(f"{what} must be an int >= {lo}, got {v!r}")
@@ -43,17 +56,36 @@ def an_int(v, what: str) -> int:
     return int(v)
 
 
+def finite_at_least(v, what: str, lo: float = 0) -> float:
+    if not _finite(v) or v < lo:
+        raise ValueError(f"{what} must be a finite number >= {lo}, got {v!r}")
+    return float(v)
+
+
+def positive_number(v, what: str) -> float:
+    """A finite number > 0 (rates, hardware peaks)."""
+    if not _finite(v) or v <= 0:
+        raise ValueError(f"{what} must be a positive number, got {v!r}")
+    return float(v)
+
+
 def finite_time(v, what: str) -> float:
     """A finite number of seconds >= 0 (arrival times, TTLs)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(v) or v < 0:
+    if not _finite(v) or v < 0:
         raise ValueError(f"{what} must be a finite time >= 0 (seconds), got {v!r}")
     return float(v)
 
 
 def fraction(v, what: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+    if not is_number(v) or not 0 <= v <= 1:
         raise ValueError(f"{what} must be in [0, 1], got {v!r}")
+    return float(v)
+
+
+def positive_fraction(v, what: str) -> float:
+    """A share that may not be zero (nucleus mass, memory fraction)."""
+    if not is_number(v) or not 0 < v <= 1:
+        raise ValueError(f"{what} must be in (0, 1], got {v!r}")
     return float(v)
 
 

@@ -11,6 +11,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from radixkv.validate import is_int, optional_str
+
 _ITEM = 4                       # bytes per token id (uint32)
 _MAX_TOKEN = 2**32 - 1
 
@@ -33,7 +35,7 @@ def pack_tokens(tokens) -> bytes:
         return array("I", tokens).tobytes()
     except (OverflowError, TypeError):
         for t in tokens:            # slow path only to name the offending value
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            if not is_int(t):
                 raise ValueError(f"token id {t!r} is not an int") from None
             if not 0 <= t <= _MAX_TOKEN:
                 raise ValueError(f"token id {t} is out of range [0, 2**32)") from None
@@ -56,10 +58,7 @@ def first_divergence(a: bytes, b: bytes) -> int:
 
 
 def namespace_of(extra_key: str | None, cache_salt: str | None) -> tuple[str | None, str | None]:
-    for name, v in (("extra_key", extra_key), ("cache_salt", cache_salt)):
-        if v is not None and not isinstance(v, str):
-            raise ValueError(f"{name} must be a str or None, got {v!r}")
-    return (extra_key, cache_salt)
+    return (optional_str(extra_key, "extra_key"), optional_str(cache_salt, "cache_salt"))
 
 
 class RadixKey:

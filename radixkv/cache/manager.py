@@ -25,6 +25,7 @@ import numpy as np
 from radixkv.cache.base import MatchResult, PrefixCache
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS, OutOfSlotsError, SlotPool, round_up
+from radixkv.validate import count
 
 
 class CacheManager:
@@ -33,7 +34,7 @@ class CacheManager:
             raise ValueError(f"pool page size {pool.page_size} != cache page size {cache.page_size}")
         self.cache, self.pool, self.page_size = cache, pool, cache.page_size
         self.evicted_tokens = 0
-        self._memo: dict[int, tuple] = {}       # id(owner) -> (owner, len(key), prefix_len, node, stamp)
+        self._memo: dict[int, tuple] = {}       # id(owner) -> (owner, key, prefix_len, node, stamp)
         self._holders: dict[int, Any] = {}      # id(req) -> req, for every request holding slots
 
     # ---- reads: never change the cache --------------------------------------------------------
@@ -48,11 +49,11 @@ class CacheManager:
         """(prefix_len, last_node) of `key`'s pure-read match, memoised per owner: reused while
         the cache says the match is still valid, so queue orders can ask every round."""
         e = self._memo.get(id(owner))
-        if e is not None and e[0] is owner and e[1] == len(key) \
+        if e is not None and e[0] is owner and (e[1] is key or e[1] == key) \
                 and self.cache.match_valid(e[3], e[4]):
             return e[2], e[3]
         m = self.cache.match_prefix(key, split=False)
-        self._memo[id(owner)] = (owner, len(key), m.prefix_len, m.last_node,
+        self._memo[id(owner)] = (owner, key, m.prefix_len, m.last_node,
                                  self.cache.match_stamp(m.last_node))
         return m.prefix_len, m.last_node
 
@@ -81,6 +82,8 @@ class CacheManager:
         then nothing changed (a request refused on the pure-read check is not even touched)."""
         if id(req) in self._holders:
             raise ValueError(f"{req!r} already holds slots: admit it once")
+        count(upto, "admit upto")
+        count(reserve, "admit reserve")
         ps = self.page_size
         if round_up(upto, ps) + reserve > self.budget():  # may not fit: decide on a pure read
             p, _ = self.cached_prefix(req, key)
@@ -100,14 +103,16 @@ class CacheManager:
         return m.prefix_len
 
     def grow(self, reqs: list, n_each: int) -> None:
-        """Give each request `n_each` more slots (a decode page, a chunk), in one allocation."""
+        """Give each request `n_each` more slots, rounded up to whole pages (a decode page, a
+        chunk), in one allocation."""
         for r in reqs:
             self._check_holder(r)
-        if not reqs or n_each <= 0:
+        n = round_up(n_each, self.page_size)
+        if not reqs or n <= 0:
             return
-        new = self.alloc(len(reqs) * n_each)
+        new = self.alloc(len(reqs) * n)
         for i, r in enumerate(reqs):
-            r.extend_slots(new[i * n_each:(i + 1) * n_each])
+            r.extend_slots(new[i * n:(i + 1) * n])
 
     # ---- the cache takes its share --------------------------------------------------------------
     # Slot ranges when a request enters the cache. T = len(req.key), A = T rounded down to a

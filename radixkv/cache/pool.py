@@ -9,6 +9,8 @@ from typing import Iterable
 
 import numpy as np
 
+from radixkv.validate import count, is_int, positive_int
+
 SLOT_DTYPE = np.int64
 EMPTY_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
 EMPTY_SLOTS.flags.writeable = False
@@ -37,12 +39,11 @@ class SlotPool:
     """`num_slots` KV slots handed out in pages of `page_size` (a page is contiguous)."""
 
     def __init__(self, num_slots: int, page_size: int = 1):
-        if not isinstance(page_size, int) or page_size < 1:
-            raise ValueError(f"page_size must be a positive int, got {page_size!r}")
-        if not isinstance(num_slots, int) or num_slots < page_size or num_slots % page_size:
+        page_size = positive_int(page_size, "page_size")
+        if not is_int(num_slots) or num_slots < page_size or num_slots % page_size:
             raise ValueError(f"num_slots must be a positive multiple of page_size {page_size}, "
                              f"got {num_slots!r}")
-        self.num_slots, self.page_size = num_slots, page_size
+        self.num_slots, self.page_size = int(num_slots), page_size
         self.num_pages = num_slots // page_size
         self.reset()
 
@@ -61,8 +62,8 @@ class SlotPool:
 
     def alloc(self, n: int) -> np.ndarray:
         """Hand out ceil(n / page_size) whole pages: an int64 array of that many * page_size slots."""
-        if not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"alloc needs a non-negative int, got {n!r}")
+        if type(n) is not int or n < 0:     # plain ints skip the call; count() judges the rest
+            n = count(n, "alloc")
         pages = -(-int(n) // self.page_size)
         if pages > self._top:
             raise OutOfSlotsError(f"asked for {n} slots ({pages} pages of {self.page_size}); "

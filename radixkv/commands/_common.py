@@ -7,6 +7,7 @@ from pathlib import Path
 from radixkv.config import CacheConfig, SchedulerConfig
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
 from radixkv.replay import parse_capacity
+from radixkv.validate import positive_int
 from radixkv.workloads import GENERATORS, Workload, load_workload, make_workload
 
 
@@ -35,6 +36,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def load_from_args(args: argparse.Namespace, defaults: dict | None = None) -> Workload:
     spec = args.workload
+    if args.limit is not None:
+        positive_int(args.limit, "--limit")
     gen = {k: v for k, v in (("rate", args.rate), ("num_users", args.users),
                              ("turns", args.turns), ("seed", args.seed)) if v is not None}
     if spec in GENERATORS:
@@ -51,8 +54,6 @@ def load_from_args(args: argparse.Namespace, defaults: dict | None = None) -> Wo
             raise ValueError(f"generator options {sorted(gen)} do not apply to the trace {spec!r}")
         wl = load_workload(spec, skip_bad=args.skip_bad)
     if args.limit is not None:
-        if args.limit < 1:
-            raise ValueError(f"--limit must be a positive int, got {args.limit}")
         wl = Workload(wl.name, list(wl.requests)[:args.limit], wl.skipped, wl.block_size, wl.meta)
     return wl
 

@@ -23,6 +23,7 @@ from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.shapes import MODEL_CONFIGS, ModelArgs
 from radixkv.model.tokenizer import load_tokenizer
 from radixkv.sched.request import Request
+from radixkv.validate import positive_int
 from radixkv.workloads import GENERATORS, read_jsonl
 
 # The support agent scaled for a CPU: 20 users x 3 turns, 12 RAG requests, ~1.1k-token prompts.
@@ -113,8 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from radixkv.model.sampling import SamplingParams
 
     margs = _model_args(args.model)
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    positive_int(args.threads, "--threads")
     tok = load_tokenizer(args.tokenizer)
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, args.max_new_tokens)
     page = args.page_size

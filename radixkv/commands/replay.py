@@ -16,6 +16,7 @@ from radixkv.cache.factory import CACHES
 from radixkv.cache.policies import EVICTION_POLICIES
 from radixkv.config import CacheConfig
 from radixkv.replay import ReplayStats, parse_capacity, pool_size, replay
+from radixkv.validate import positive_int
 from radixkv.workloads import GENERATORS, Workload, load_workload
 
 PROGRESS_MIN_REQUESTS = 500
@@ -68,8 +69,8 @@ def _is_hash_id_trace(path: Path) -> bool:
 def load(args: argparse.Namespace) -> Workload:
     """The workload named by args.workload, with the generator or reader options that apply."""
     spec, kw = args.workload, {}
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be a positive int, got {args.limit}")
+    if args.limit is not None:
+        positive_int(args.limit, "--limit")
     if spec in GENERATORS:
         kw = {k: v for k, v in (("seed", args.seed), ("vocab_size", args.vocab_size)) if v is not None}
     else:

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from radixkv.model.kv_pool import AttnBatch, KVPool
 from radixkv.registry import Registry
+from radixkv.validate import positive_int
 
 
 class AttentionBackend(ABC):
@@ -112,10 +113,9 @@ class BatchInvariantBackend(AttentionBackend):
     batch_invariant = True
 
     def __init__(self, tile: int = 64, q_tile: int = 32, block: int = 128, bmm_chunk: int = 16):
-        for key, val in (("tile", tile), ("q_tile", q_tile), ("block", block), ("bmm_chunk", bmm_chunk)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"batch-invariant attention: {key} must be a positive int, got {val!r}")
-        self.tile, self.q_tile, self.block, self.bmm_chunk = tile, q_tile, block, bmm_chunk
+        sizes = {"tile": tile, "q_tile": q_tile, "block": block, "bmm_chunk": bmm_chunk}
+        self.tile, self.q_tile, self.block, self.bmm_chunk = (
+            positive_int(v, f"batch-invariant attention: {k}") for k, v in sizes.items())
 
     def plan(self, prefix_lens: Sequence[int], ctx_slots: Sequence[Sequence[int] | np.ndarray],
              device: torch.device | str = "cpu") -> AttnBatch:

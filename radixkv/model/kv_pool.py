@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from radixkv.shapes import ModelArgs
+from radixkv.validate import is_int, positive_int
 
 
 class KVPool:
@@ -26,8 +27,7 @@ class KVPool:
 
     def __init__(self, args: ModelArgs, num_slots: int, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32):
-        if not isinstance(num_slots, int) or num_slots <= 0:
-            raise ValueError(f"KVPool num_slots must be a positive int, got {num_slots!r}")
+        num_slots = positive_int(num_slots, "KVPool num_slots")
         self.args, self.num_slots, self.dtype = args, num_slots, dtype
         self.buf = torch.zeros(2, args.n_layers, num_slots, args.n_kv_heads, args.head_dim,
                                device=device, dtype=dtype)
@@ -102,7 +102,7 @@ class AttnBatch:
         ctxs = [np.asarray(c, dtype=np.int64).reshape(-1) for c in ctx_slots]
         pl = []
         for b, (p, c) in enumerate(zip(prefix_lens, ctxs)):
-            if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < len(c):
+            if not is_int(p) or not 0 <= p < len(c):
                 raise ValueError(f"AttnBatch: sequence {b} has prefix_len {p!r} but {len(c)} context "
                                  f"slots; need 0 <= prefix_len < len(ctx_slots) (at least one new token)")
             if c.min() < 0:

@@ -6,16 +6,13 @@ device the logits live on (up to floating-point differences in the logits themse
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+from radixkv.validate import finite_at_least, int_at_least, is_int, positive_fraction
 
 
 @dataclass(frozen=True)
@@ -28,25 +25,23 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
-        p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-        if not _is_int(self.top_k) or self.top_k < 0:
+        finite_at_least(self.temperature, "temperature", 0)
+        positive_fraction(self.top_p, "top_p")
+        if not is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+        if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
             raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        int_at_least(self.max_new_tokens, "max_new_tokens", 1)
         if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
             raise ValueError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}")
         stops = tuple(self.stop_token_ids)
-        bad = [s for s in stops if not _is_int(s) or s < 0]
+        bad = [s for s in stops if not is_int(s) or s < 0]
         if bad:
             raise ValueError(f"stop_token_ids must be ints >= 0, got {bad[0]!r}")
-        object.__setattr__(self, "stop_token_ids", stops)
+        object.__setattr__(self, "top_k", int(self.top_k))
+        object.__setattr__(self, "seed", None if self.seed is None else int(self.seed))
+        object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
+        object.__setattr__(self, "stop_token_ids", tuple(int(s) for s in stops))
 
     @property
     def greedy(self) -> bool:

@@ -5,7 +5,7 @@ Token bookkeeping: `tokens` = prompt + output so far; `num_computed` tokens have
 next decode step. A request that samples its stop token finishes with every token's KV
 computed, so the next turn of a conversation can hit its whole reply.
 
-The request is the shape the cache's request helpers need (key, slots, cached_len,
+The request is the shape the CacheManager needs (key, slots, cached_len,
 last_node, priority): `key` covers exactly the tokens whose KV is computed.
 """
 from __future__ import annotations

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radixkv.sim.specs import GPUSpec, ModelSpec, get_gpu, get_model_spec
+from radixkv.validate import finite_at_least
 
 # Host-side cost of one engine iteration in a Python serving loop: scheduling, building the
 # batch metadata, copying inputs to the device, sampling and handing tokens back. An
@@ -68,9 +69,7 @@ class CostModel:
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
 
     def __post_init__(self):
-        if isinstance(self.step_overhead_s, bool) or \
-                not isinstance(self.step_overhead_s, (int, float)) or self.step_overhead_s < 0:
-            raise ValueError(f"step_overhead_s must be a number >= 0, got {self.step_overhead_s!r}")
+        finite_at_least(self.step_overhead_s, "step_overhead_s", 0)
 
     @classmethod
     def named(cls, model: str, gpu: str, **kw) -> "CostModel":

@@ -11,11 +11,7 @@ import math
 from dataclasses import dataclass
 
 from radixkv.shapes import ModelArgs, get_model_config
-
-
-def _positive(owner: str, field: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{owner}.{field} must be a positive number, got {value!r}")
+from radixkv.validate import positive_fraction, positive_int, positive_number
 
 
 @dataclass(frozen=True)
@@ -30,15 +26,12 @@ class GPUSpec:
     def __post_init__(self):
         if not self.name:
             raise ValueError("GPUSpec.name must be non-empty")
-        for f in ("peak_bf16_tflops", "achieved_tflops", "hbm_bytes", "hbm_bandwidth_Bps",
-                  "achieved_bw_fraction"):
-            _positive("GPUSpec", f, getattr(self, f))
+        for f in ("peak_bf16_tflops", "achieved_tflops", "hbm_bytes", "hbm_bandwidth_Bps"):
+            positive_number(getattr(self, f), f"GPUSpec.{f}")
+        positive_fraction(self.achieved_bw_fraction, "GPUSpec.achieved_bw_fraction")
         if self.achieved_tflops > self.peak_bf16_tflops:
             raise ValueError(f"GPUSpec.achieved_tflops {self.achieved_tflops!r} exceeds "
                              f"peak_bf16_tflops {self.peak_bf16_tflops!r}")
-        if self.achieved_bw_fraction > 1:
-            raise ValueError(f"GPUSpec.achieved_bw_fraction must be in (0, 1], "
-                             f"got {self.achieved_bw_fraction!r}")
 
     @property
     def achieved_flops(self) -> float:
@@ -110,8 +103,7 @@ class ModelSpec:
 
     def __post_init__(self):
         m = self.model
-        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp <= 0:
-            raise ValueError(f"ModelSpec.tp must be a positive int, got {self.tp!r}")
+        positive_int(self.tp, "ModelSpec.tp")
         if self.dtype_bytes not in (1, 2, 4):
             raise ValueError(f"ModelSpec.dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}")
         if m.n_heads % self.tp:
@@ -180,9 +172,7 @@ def kv_capacity_tokens(model_spec: ModelSpec, gpu: GPUSpec, mem_fraction: float 
     the rest is left to activations, CUDA graphs and the allocator. Every GPU of a TP group
     holds the same tokens, so this is also the group's capacity.
     """
-    if isinstance(mem_fraction, bool) or not isinstance(mem_fraction, (int, float)) \
-            or not 0 < mem_fraction <= 1:
-        raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction!r}")
+    positive_fraction(mem_fraction, "mem_fraction")
     free = gpu.hbm_bytes * mem_fraction - model_spec.weight_bytes_per_gpu
     if free <= 0:
         raise ValueError(f"{model_spec.name} weights ({model_spec.weight_bytes_per_gpu} B per GPU)"

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from radixkv.validate import int_at_least, is_int, positive_number
+
 from .record import TraceRequest, Workload
 
 Range = tuple[int, int]
@@ -23,23 +25,10 @@ Range = tuple[int, int]
 NOMINAL_RATE = 1.0
 
 
-def check_int(name: str, value: Any, lo: int = 1) -> int:
-    if type(value) is not int or value < lo:
-        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
-    return value
-
-
-def check_float(name: str, value: Any, lo: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value < lo:
-        raise ValueError(f"{name} must be a finite number >= {lo}, got {value!r}")
-    return float(value)
-
-
 def check_range(name: str, value: Any, lo: int = 1) -> Range:
     """An inclusive (low, high) length range, low >= lo."""
     if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2 \
-            or any(type(v) is not int for v in value) or not lo <= value[0] <= value[1]:
+            or not all(map(is_int, value)) or not lo <= value[0] <= value[1]:
         raise ValueError(f"{name} must be an int pair (low, high) with {lo} <= low <= high, "
                          f"got {value!r}")
     return int(value[0]), int(value[1])
@@ -49,21 +38,17 @@ def check_rate(rate: Any) -> float | None:
     """None for an offline workload (rate None or inf), else the positive rate."""
     if rate is None or (isinstance(rate, float) and math.isinf(rate) and rate > 0):
         return None
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) \
-            or not math.isfinite(rate) or rate <= 0:
-        raise ValueError(f"rate must be a positive number, None or inf, got {rate!r}")
-    return float(rate)
+    return positive_number(rate, "rate, when not None or inf,")
 
 
 def check_vocab(vocab_size: Any) -> int:
     # Two ids are the least that still lets distinct segments differ.
-    return check_int("vocab_size", vocab_size, lo=2)
+    return int_at_least(vocab_size, "vocab_size", 2)
 
 
 def streams(name: str, seed: Any) -> tuple[np.random.Generator, np.random.Generator]:
     """(content, timing) generators for one generator name and seed."""
-    check_int("seed", seed, lo=0)
-    ss = np.random.SeedSequence([seed, zlib.crc32(name.encode())])
+    ss = np.random.SeedSequence([int_at_least(seed, "seed", 0), zlib.crc32(name.encode())])
     content, timing = ss.spawn(2)
     return np.random.default_rng(content), np.random.default_rng(timing)
 
@@ -90,6 +75,8 @@ def meta(**params: Any) -> dict[str, Any]:
     for k, v in params.items():
         if isinstance(v, tuple):
             v = list(v)
+        elif isinstance(v, np.generic):
+            v = v.item()    # numpy scalars pass validation but json cannot write them
         elif isinstance(v, float) and math.isinf(v):
             v = None  # rate=inf means the same as None, and JSON has no inf
         out[k] = v

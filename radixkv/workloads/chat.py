@@ -8,7 +8,9 @@ the list keeps the order of the same schedule at 1 session/s (see `_common.NOMIN
 """
 from __future__ import annotations
 
-from ._common import (Builder, Range, check_float, check_int, check_range, check_rate,
+from radixkv.validate import finite_at_least, int_at_least
+
+from ._common import (Builder, Range, check_range, check_rate,
                       check_vocab, conversation, length, starts, streams, tokens, turn_times)
 from .record import Workload
 
@@ -35,16 +37,16 @@ def support(num_users: int = 200, turns: int = 5, rag_fraction: float = 0.2,
     one Poisson stream whose arrivals are assigned to conversations or RAG requests in a
     seeded random order, so RAG traffic interleaves with conversation starts.
     """
-    check_int("num_users", num_users, lo=0)
-    check_int("turns", turns)
-    rag_fraction = check_float("rag_fraction", rag_fraction)
-    check_int("system_len", system_len)
-    check_int("fewshot_len", fewshot_len, lo=0)
-    check_int("rag_len", rag_len)
+    num_users = int_at_least(num_users, "num_users", 0)
+    turns = int_at_least(turns, "turns", 1)
+    rag_fraction = finite_at_least(rag_fraction, "rag_fraction")
+    system_len = int_at_least(system_len, "system_len", 1)
+    fewshot_len = int_at_least(fewshot_len, "fewshot_len", 0)
+    rag_len = int_at_least(rag_len, "rag_len", 1)
     msg_len = check_range("msg_len", msg_len)
     reply_len = check_range("reply_len", reply_len, lo=0)
-    think_time = check_float("think_time", think_time)
-    tpot = check_float("tpot", tpot)
+    think_time = finite_at_least(think_time, "think_time")
+    tpot = finite_at_least(tpot, "tpot")
     orate = check_rate(rate)
     vocab_size = check_vocab(vocab_size)
     num_rag = round(rag_fraction * num_users * turns)
@@ -89,13 +91,13 @@ def multiturn(num_users: int = 100, turns: int = 6, system_len: int = 0,
     reply lengths are uniform in `msg_len` / `reply_len`; `rate` counts conversation
     starts per second.
     """
-    check_int("num_users", num_users)
-    check_int("turns", turns)
-    check_int("system_len", system_len, lo=0)
+    num_users = int_at_least(num_users, "num_users", 1)
+    turns = int_at_least(turns, "turns", 1)
+    system_len = int_at_least(system_len, "system_len", 0)
     msg_len = check_range("msg_len", msg_len)
     reply_len = check_range("reply_len", reply_len, lo=0)
-    think_time = check_float("think_time", think_time)
-    tpot = check_float("tpot", tpot)
+    think_time = finite_at_least(think_time, "think_time")
+    tpot = finite_at_least(tpot, "tpot")
     orate = check_rate(rate)
     vocab_size = check_vocab(vocab_size)
 

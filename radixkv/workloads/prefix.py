@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import (Builder, Range, check_float, check_int, check_range, check_rate,
+from radixkv.validate import finite_at_least, int_at_least
+
+from ._common import (Builder, Range, check_range, check_rate,
                       check_vocab, length, starts, streams, tokens)
 from .record import Workload
 
@@ -16,8 +18,8 @@ def fewshot(num_questions: int = 500, preamble_len: int = 4000,
             question_len: Range = (20, 200), output_len: Range = (50, 200),
             rate: float | None = None, seed: int = 0, vocab_size: int = 32000) -> Workload:
     """Independent questions behind one long shared preamble: prompt = P + question."""
-    check_int("num_questions", num_questions)
-    check_int("preamble_len", preamble_len)
+    num_questions = int_at_least(num_questions, "num_questions", 1)
+    preamble_len = int_at_least(preamble_len, "preamble_len", 1)
     question_len = check_range("question_len", question_len)
     output_len = check_range("output_len", output_len, lo=0)
     orate = check_rate(rate)
@@ -40,9 +42,9 @@ def burst(num_requests: int = 64, prefix_len: int = 2000, suffix_len: int = 32,
     """`num_requests` requests sharing one cold `prefix_len`-token prefix, each with its own
     `suffix_len`-token suffix and a short output; by default all arrive at t=0, the case
     where in-batch prefix dedup matters (nothing is cached yet)."""
-    check_int("num_requests", num_requests)
-    check_int("prefix_len", prefix_len, lo=0)
-    check_int("suffix_len", suffix_len, lo=0 if prefix_len else 1)
+    num_requests = int_at_least(num_requests, "num_requests", 1)
+    prefix_len = int_at_least(prefix_len, "prefix_len", 0)
+    suffix_len = int_at_least(suffix_len, "suffix_len", 0 if prefix_len else 1)
     output_len = check_range("output_len", output_len, lo=0)
     orate = check_rate(rate)
     vocab_size = check_vocab(vocab_size)
@@ -71,13 +73,13 @@ def tree(num_trees: int = 4, branching: int = 3, depth: int = 3, root_len: int =
     reply is done (parent arrival + reply length x `tpot`), so parents precede children.
     Node ids read `tree<t>-r.<i>.<j>...`, the path of child indices from the root.
     """
-    check_int("num_trees", num_trees)
-    check_int("branching", branching)
-    check_int("depth", depth, lo=0)
-    check_int("root_len", root_len)
+    num_trees = int_at_least(num_trees, "num_trees", 1)
+    branching = int_at_least(branching, "branching", 1)
+    depth = int_at_least(depth, "depth", 0)
+    root_len = int_at_least(root_len, "root_len", 1)
     instruction_len = check_range("instruction_len", instruction_len)
     reply_len = check_range("reply_len", reply_len, lo=0)
-    tpot = check_float("tpot", tpot)
+    tpot = finite_at_least(tpot, "tpot")
     orate = check_rate(rate)
     vocab_size = check_vocab(vocab_size)
     content, timing = streams("tree", seed)
@@ -115,14 +117,14 @@ def rag(num_requests: int = 500, num_docs: int = 200, doc_len: int = 2000,
     order, the retriever's ranking, and order matters: two requests share KV only up to
     their first differing document.
     """
-    check_int("num_requests", num_requests)
-    check_int("num_docs", num_docs)
-    check_int("doc_len", doc_len)
-    check_int("docs_per_request", docs_per_request)
+    num_requests = int_at_least(num_requests, "num_requests", 1)
+    num_docs = int_at_least(num_docs, "num_docs", 1)
+    doc_len = int_at_least(doc_len, "doc_len", 1)
+    docs_per_request = int_at_least(docs_per_request, "docs_per_request", 1)
     if docs_per_request > num_docs:
         raise ValueError(f"docs_per_request {docs_per_request} > num_docs {num_docs}")
-    zipf_s = check_float("zipf_s", zipf_s)
-    check_int("system_len", system_len, lo=0)
+    zipf_s = finite_at_least(zipf_s, "zipf_s")
+    system_len = int_at_least(system_len, "system_len", 0)
     question_len = check_range("question_len", question_len)
     output_len = check_range("output_len", output_len, lo=0)
     orate = check_rate(rate)

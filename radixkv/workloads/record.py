@@ -8,13 +8,14 @@ optional header line first (``{"radixkv_workload": 1, "name": ..., "block_size":
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from radixkv.validate import an_int, finite_time, int_at_least, optional_str, positive_int
 
 HEADER_KEY = "radixkv_workload"
 HEADER_VERSION = 1
@@ -70,18 +71,15 @@ class TraceRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"id must be a non-empty str, got {self.id!r}")
-        arrival = self.arrival
-        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) \
-                or not math.isfinite(arrival) or arrival < 0:
-            raise ValueError(f"arrival must be a finite number >= 0 seconds, got {arrival!r}")
-        object.__setattr__(self, "arrival", float(arrival))
+        object.__setattr__(self, "arrival", finite_time(self.arrival, "arrival"))
         prompt = _as_tokens("prompt", self.prompt)
         if not prompt:
             raise ValueError(f"prompt of request {self.id!r} is empty")
         object.__setattr__(self, "prompt", prompt)
         n = self.output_len
-        if n is not None and (type(n) is not int or n < 0):
-            raise ValueError(f"output_len must be an int >= 0, got {n!r}")
+        if n is not None:
+            n = int_at_least(n, "output_len", 0)
+            object.__setattr__(self, "output_len", n)
         if self.output is not None:
             output = _as_tokens("output", self.output)
             if n is not None and n != len(output):
@@ -92,12 +90,9 @@ class TraceRequest:
         elif n is None:
             raise ValueError(f"output_len is required when output is None "
                              f"(request {self.id!r})")
-        if type(self.priority) is not int:
-            raise ValueError(f"priority must be an int, got {self.priority!r}")
+        object.__setattr__(self, "priority", an_int(self.priority, "priority"))
         for name in ("extra_key", "cache_salt", "routing_key", "session"):
-            v = getattr(self, name)
-            if v is not None and not isinstance(v, str):
-                raise ValueError(f"{name} must be a str or None, got {v!r}")
+            optional_str(getattr(self, name), name)
 
     @classmethod
     def unchecked(cls, id: str, arrival: float, prompt: tuple[int, ...],
@@ -221,10 +216,9 @@ def _parse_header(d: dict[str, Any]) -> tuple[str | None, int | None, dict[str, 
     if d.get(HEADER_KEY) != HEADER_VERSION:
         raise ValueError(f"unsupported header version {d.get(HEADER_KEY)!r}")
     name, bs, meta = d.get("name"), d.get("block_size"), d.get("meta", {})
-    if name is not None and not isinstance(name, str):
-        raise ValueError(f"header name must be a str, got {name!r}")
-    if bs is not None and (type(bs) is not int or bs <= 0):
-        raise ValueError(f"header block_size must be a positive int, got {bs!r}")
+    optional_str(name, "header name")
+    if bs is not None:
+        positive_int(bs, "header block_size")
     if not isinstance(meta, dict):
         raise ValueError(f"header meta must be an object, got {type(meta).__name__}")
     return name, bs, meta

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from radixkv.validate import finite_at_least, int_at_least, positive_int
+
+from ._common import check_vocab
 from .record import TraceFormatError, TraceRequest, Workload
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -68,10 +70,6 @@ class HashIdRow:
     hash_ids: list[int]
 
 
-def _is_int(v: Any) -> bool:
-    return type(v) is int
-
-
 def _parse(line: str, lineno: int, block_size: int) -> HashIdRow:
     d = json.loads(line)
     if not isinstance(d, dict):
@@ -80,23 +78,20 @@ def _parse(line: str, lineno: int, block_size: int) -> HashIdRow:
         if key not in d:
             raise ValueError(f"missing field {key!r}")
     ts, n_in, n_out, ids = d["timestamp"], d["input_length"], d["output_length"], d["hash_ids"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) \
-            or ts < 0:
-        raise ValueError(f"timestamp must be a number >= 0 (ms), got {ts!r}")
-    if not _is_int(n_in) or n_in <= 0:
-        raise ValueError(f"input_length must be an int > 0, got {n_in!r}")
-    if not _is_int(n_out) or n_out < 0:
-        raise ValueError(f"output_length must be an int >= 0, got {n_out!r}")
+    ts = finite_at_least(ts, "timestamp (ms)", 0)
+    n_in = int_at_least(n_in, "input_length", 1)
+    n_out = int_at_least(n_out, "output_length", 0)
     if not isinstance(ids, list):
         raise ValueError(f"hash_ids must be a list, got {type(ids).__name__}")
-    if not all(_is_int(h) and 0 <= h <= _M64 for h in ids):
-        bad = next(h for h in ids if not (_is_int(h) and 0 <= h <= _M64))
+    # JSON gives plain ints only; type() keeps this per-id test cheap
+    if not all(type(h) is int and 0 <= h <= _M64 for h in ids):
+        bad = next(h for h in ids if not (type(h) is int and 0 <= h <= _M64))
         raise ValueError(f"hash_ids must hold ints in [0, 2**64), found {bad!r}")
     want = -(-n_in // block_size)
     if len(ids) != want:
         raise ValueError(f"len(hash_ids) = {len(ids)} but input_length {n_in} needs "
                          f"ceil({n_in}/{block_size}) = {want} blocks")
-    return HashIdRow(lineno, float(ts), n_in, n_out, ids)
+    return HashIdRow(lineno, ts, n_in, n_out, ids)
 
 
 def scan_hash_id_trace(path: str | Path, block_size: int = MOONCAKE_BLOCK_SIZE,
@@ -107,10 +102,9 @@ def scan_hash_id_trace(path: str | Path, block_size: int = MOONCAKE_BLOCK_SIZE,
     A bad line raises TraceFormatError("<file>:<line>: <what>") unless skip_bad; `limit`
     stops after that many good rows.
     """
-    if type(block_size) is not int or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if limit is not None and (type(limit) is not int or limit < 0):
-        raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+    block_size = positive_int(block_size, "block_size")
+    if limit is not None:
+        limit = int_at_least(limit, "limit", 0)
     rows: list[HashIdRow] = []
     skipped = 0
     with open(path, encoding="utf-8") as f:
@@ -135,8 +129,10 @@ def read_hash_id_trace(path: str | Path, block_size: int = MOONCAKE_BLOCK_SIZE,
 
     Request ids are "<file stem>-<line number>"; arrival = timestamp / 1000 s.
     """
-    if type(vocab_size) is not int or vocab_size < 2:
-        raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+    vocab_size = check_vocab(vocab_size)
+    block_size = positive_int(block_size, "block_size")
+    if limit is not None:
+        limit = int_at_least(limit, "limit", 0)
     path = Path(path)
     rows, skipped = scan_hash_id_trace(path, block_size, skip_bad, limit)
     # Building millions of tuples would trigger full garbage collections that walk every
@@ -214,8 +210,8 @@ def block_reuse_ratio(source: Workload | str | Path, block_size: int | None = No
     """
     if by not in ("tokens", "blocks"):
         raise ValueError(f"by must be 'tokens' or 'blocks', got {by!r}")
-    if block_size is not None and (type(block_size) is not int or block_size <= 0):
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if block_size is not None:
+        block_size = positive_int(block_size, "block_size")
     seqs: list[list[tuple[Any, int]]] = []
     if isinstance(source, Workload):
         bs = block_size or source.block_size or MOONCAKE_BLOCK_SIZE

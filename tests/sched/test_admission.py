@@ -9,7 +9,7 @@ from radixkv.config import CacheConfig, SchedulerConfig
 from radixkv.sched.request import Request, Status
 from radixkv.workloads import make_workload
 
-from ._helpers import make_engine, requests_of, toks
+from ._helpers import fake_result, make_engine, make_scheduler, requests_of, toks, warm
 
 WORKLOADS = {
     "support": (lambda: make_workload(
@@ -111,3 +111,22 @@ def test_lone_request_reserve_waiver_does_not_apply_next_to_others():
     assert b.status is Status.WAITING
     eng.run_until_idle()
     assert b.output == toks(800, 49) and b.first_admit >= a.finish_time
+
+
+def test_one_admission_is_one_pure_read_and_one_splitting_match():
+    # admission used to match the same key three or four times (memo, budget check,
+    # splitting match, then again when the prompt entered the cache)
+    s = make_scheduler(policy="fcfs")
+    warm(s, toks(0, 100))
+    calls: list[bool] = []
+    inner = s.mgr.cache.match_prefix
+    s.mgr.cache.match_prefix = lambda key, split=True: (calls.append(split), inner(key, split))[1]
+    r = Request("r", toks(0, 100) + toks(500, 20), 0, forced_output=toks(900, 3))
+    s.add(r)
+    plan = s.schedule(0.0)
+    assert [(seg.req.rid, seg.prefix_len, seg.n) for seg in plan.extends] == [("r", 100, 20)]
+    assert calls == [False, True]            # the memo's pure read, then the one split
+    calls.clear()
+    s.process(plan, fake_result(plan), 0.0)  # prefill done: the prompt enters the cache
+    assert calls == [] and r.cached_len == 120 and r.status.value == "running"
+    s.mgr.check()
