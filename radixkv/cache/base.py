@@ -10,7 +10,7 @@ ValueError/TypeError naming the value before any state changes — a failed call
 cache exactly as it was. Implementations receive validated arguments only.
 
 A *handle* is what a match or an insert returns as `last_node`: the cache entry ending it (a
-tree node, a tuple of blocks, None). Lock a handle to keep its prefix from eviction.
+tree node, a chain of blocks, None). Lock a handle to keep its prefix from eviction.
 """
 from __future__ import annotations
 

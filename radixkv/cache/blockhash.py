@@ -5,32 +5,31 @@ hash chained on its parent block's hash, its token ids and its extra key (cache_
 into the first block only, so it salts the whole chain). Lookups walk the chain and stop at
 the first missing block; they change no state.
 
-The index. A chained hash names (namespace, every token up to the end of the block). This
-cache keeps that identity exactly, without hashing, as a trie of block contents: a root node
-per namespace, and a node per distinct content under its parent's, found in `_child` by
-(parent node, the block's token ids as bytes) — compared in full, so nothing can collide. A
-node lists the blocks cached with its content, oldest first (vLLM's hash -> blocks bucket:
-two or more when identical content was computed twice; the oldest serves hits), and lives
-while it has blocks or children, so an orphan (a block whose parent block was evicted) is
-found again once its parent content returns, as under a hash chain. The chained hashes
-(`hash_algo`) are computed by `chain_hash` for every stored block when events are on (they are
-the events' identity) and on first use otherwise (`Block.hash`, `by_hash`, `block_hashes`).
+Index. A chained hash names (namespace, every token up to the end of the block). This cache
+keeps that identity exactly, without hashing, as a trie of block contents: a root per
+namespace and a node per distinct content under its parent's, found among the parent's
+children by the block's token ids as bytes (compared in full: nothing can collide). A node
+lists the blocks cached with its content, oldest first (vLLM's hash -> blocks bucket: two or
+more when identical content was computed twice; the oldest serves hits), and lives while it
+has a block or a child, so an orphan (a block whose parent block was evicted) is found again
+once the parent content returns, as under a hash chain. The chained hashes (`hash_algo`) are
+computed by `chain_hash` for every stored block when events are on (they are the events'
+identity), and on first use otherwise (`Block.hash`, `by_hash`, `block_hashes`).
 
 Block states (the free queue of vLLM split in two):
   unhashed, unused    -> the SlotPool (vLLM puts these at the head of the free queue)
   cached, ref_cnt > 0 -> here, protected (a running request uses it)
   cached, ref_cnt = 0 -> here, in the LRU free queue; evict() pops its head and drops the block
 Allocation takes the SlotPool first and evicts only when it is empty, which is exactly vLLM's
-order: unhashed blocks are always ahead of cached ones in its single queue. A request's blocks
-return to the tail in reverse order (last block first), so leaves are evicted before their
-parents. No dedup on insert: identical content computed twice is cached twice
-(`duplicate_blocks` counts it).
+order. A request's blocks return to the tail in reverse order (last block first), so leaves
+are evicted before their parents. No dedup on insert: identical content computed twice is
+cached twice (`duplicate_blocks` counts it).
 
-Layout. State is columnar, not one Python object per block: a cache of a million blocks would
-otherwise hold millions of objects that every full garbage collection walks. Per block id:
-numpy arrays (a chain is locked, checked or unlocked in a few vectorised operations); per
-node: Python lists (read one entry at a time while walking). A handle is a `Chain` of block
-ids and registration serials; `Block` objects are made only when someone reads one.
+Layout. No Python object per block: a million cached blocks would be millions of objects for
+every full garbage collection to walk. Per block id: numpy arrays, so a chain is checked,
+locked or unlocked in a few vectorised operations. Per node: lists of ints, bytes and
+{bytes: int} dicts (none tracked by the collector), read one entry at a time while walking.
+A handle is a `Chain` of block ids and registration serials; `Block`s are made when read.
 """
 from __future__ import annotations
 
@@ -49,26 +48,16 @@ _TOKEN = RadixKey().numpy().dtype       # what key.numpy() holds: rows of it are
 _versions = itertools.count(1)          # match stamps, unique across caches and resets
 
 
-def _first_repeat(ids: np.ndarray) -> int:
-    seen: set[int] = set()
-    for b in ids.tolist():
-        if b in seen:
-            return b
-        seen.add(b)
-    return -1
-
-
 class Block:
     """One registration of a block id, as handles and reports show it (state is read from the
-    cache). While it is cached, reading it again gives this same object."""
+    cache). While the block stays cached, reading it again gives this same object."""
     __slots__ = ("cache", "id", "serial")
 
     def __init__(self, cache: BlockHashCache, block_id: int, serial: int):
         self.cache, self.id, self.serial = cache, block_id, serial
 
     def cached(self) -> bool:
-        c = self.cache
-        return self.id < len(c._serial) and int(c._serial[self.id]) == self.serial
+        return self.id < len(self.cache._serial) and int(self.cache._serial[self.id]) == self.serial
 
     @property
     def ref_cnt(self) -> int:
@@ -76,34 +65,36 @@ class Block:
 
     @property
     def hash(self) -> int:
-        if not self.cached():
-            raise ValueError(f"{self!r} is no longer cached")
-        return self.cache._hash_of(int(self.cache._node[self.id]))
+        return self.cache._hash_of(self._node())
 
     @property
     def parent_hash(self) -> int | None:
+        return self.cache._hash_of(self.cache._parent[self._node()])
+
+    def _node(self) -> int:
         if not self.cached():
             raise ValueError(f"{self!r} is no longer cached")
-        return self.cache._hash_of(self.cache._key[int(self.cache._node[self.id])][0])
+        return int(self.cache._node[self.id])
 
     def __repr__(self) -> str:
         return f"Block(id={self.id}, ref={self.ref_cnt})"
 
 
 class Chain(Sequence):
-    """A handle: the blocks a match or an insert returned, as ids and registration serials
-    (two int64 arrays; a block evicted since, or its id cached again, no longer matches)."""
-    __slots__ = ("cache", "ids", "serials")
+    """A handle: the blocks of a match or an insert as two int64 arrays, ids and registration
+    serials (a block evicted since, or its id cached again, no longer matches), read as a tuple
+    of Blocks. `drops`: the cache's drop count when the chain was last known all cached."""
+    __slots__ = ("cache", "ids", "serials", "drops")
 
-    def __init__(self, cache: BlockHashCache, ids: np.ndarray, serials: np.ndarray):
-        self.cache, self.ids, self.serials = cache, ids, serials
+    def __init__(self, cache: BlockHashCache, ids: np.ndarray, serials: np.ndarray, drops: int):
+        self.cache, self.ids, self.serials, self.drops = cache, ids, serials, drops
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return Chain(self.cache, self.ids[i], self.serials[i])
+            return Chain(self.cache, self.ids[i], self.serials[i], self.drops)
         return self.cache._block(int(self.ids[i]), int(self.serials[i]))
 
     def __iter__(self):
@@ -117,11 +108,8 @@ class Chain(Sequence):
     def __hash__(self) -> int:
         return hash((id(self.cache), self.ids.tobytes(), self.serials.tobytes()))
 
-    def __add__(self, other):                 # joins like the tuple of Blocks it stands for
+    def __add__(self, other):
         return tuple(self) + tuple(other) if isinstance(other, (Chain, tuple)) else NotImplemented
-
-    def __radd__(self, other):
-        return tuple(other) + tuple(self) if isinstance(other, tuple) else NotImplemented
 
     def __repr__(self) -> str:
         return f"Chain({self.ids.tolist()})"
@@ -149,14 +137,14 @@ class BlockHashCache(PrefixCache):
     def reset(self) -> None:
         for a, v in ((self._node, -1), (self._serial, 0), (self._ref, 0), (self._qpos, -1)):
             a.fill(v)
-        # per content node; ids of dropped nodes are reused
-        self._key: list = []                  # (parent node, page); a root's: (-1, namespace)
+        # per content node (ids of dropped nodes are reused)
+        self._parent: list[int] = []          # parent node; -1 for a root
+        self._page: list = []                 # block's token ids as bytes; root: its namespace
+        self._kids: list[dict | None] = []    # page -> child; None: the one child is n + 1
         self._first: list[int] = []           # oldest cached copy (block id), -1 if none
-        self._nkids: list[int] = []           # children in _child
-        self._hash: list[int | None] = []     # chained hash, once computed
         self._dups: dict[int, list[int]] = {}     # node -> its later copies, oldest first
-        self._free_nodes: list[int] = []
-        self._child: dict[tuple, int] = {}        # (parent node, page) -> node
+        self._hash: dict[int, int] = {}           # node -> chained hash, once computed
+        self._free_nodes: list[int] = []          # dropped ids (their page is None)
         self._roots: dict[tuple, int] = {}        # namespace -> root node
         self._views: dict[int, Block] = {}        # block id -> its Block, once one was read
         # The free queue: block ids in the order they reached ref 0, head first. An entry is
@@ -164,7 +152,7 @@ class BlockHashCache(PrefixCache):
         self._qlog = np.zeros(1024, np.int64)
         self._qhead = self._qtail = self._nfree = 0         # live entries lie in [head, tail)
         self._nblocks = self.duplicate_blocks = self.peak_blocks = 0
-        self._walked: tuple = (RadixKey(), [], -1)          # the last walk: key, path, drops
+        self._walked: tuple = (RadixKey(), [], [], -1)      # last walk: key, pages, path, drops
         self._version = next(_versions)                     # changes whenever a match could
         self._drops += 1
         if self.enable_events:
@@ -179,15 +167,11 @@ class BlockHashCache(PrefixCache):
                 self._views[bid] = b
         return b
 
-    def _cached_ids(self) -> np.ndarray:
-        """Cached block ids, oldest registration first."""
-        ids = np.flatnonzero(self._serial)
-        return ids[np.argsort(self._serial[ids], kind="stable")]
-
     @property
     def blocks(self) -> dict[int, Block]:
         """block id -> Block, oldest first (built on demand)."""
-        ids = self._cached_ids()
+        ids = np.flatnonzero(self._serial)
+        ids = ids[np.argsort(self._serial[ids])]
         return {b: self._block(b, s) for b, s in zip(ids.tolist(), self._serial[ids].tolist())}
 
     @property
@@ -208,57 +192,50 @@ class BlockHashCache(PrefixCache):
         return out
 
     def _hash_of(self, n: int) -> int | None:
-        """Chained hash of node n's content (None for a root: a first block's parent hash),
-        computing missing ones along its path."""
+        """Chained hash of node n (None for a root), computing missing ones on its path."""
         path = []
         while n >= 0:
             path.append(n)
-            n = self._key[n][0]
-        ns, h = self._key[path.pop()][1], None                # the root holds the namespace
+            n = self._parent[n]
+        ns, h = self._page[path.pop()], None                  # the root holds the namespace
         for i, m in enumerate(reversed(path)):
-            if self._hash[m] is None:
-                page = RadixKey(np.frombuffer(self._key[m][1], _TOKEN)).page(0, self.block_size)
+            if m not in self._hash:
+                page = RadixKey(np.frombuffer(self._page[m], _TOKEN)).page(0, self.block_size)
                 self._hash[m] = chain_hash(h, ns if i == 0 else (ns[0], None), page, self.hash_algo)
             h = self._hash[m]
         return h
 
     # ---- lookup ---------------------------------------------------------------------------
-    def _pages(self, key: RadixKey) -> list[bytes]:
-        """Contents of `key`'s full blocks: key.numpy() cut into rows of block_size ids, each
-        row as one bytes value (equal exactly when the token ids are), in one C call."""
-        toks = key.numpy()
-        return toks[:len(toks) - len(toks) % self.block_size].view(self._row).tolist()
-
-    def _path(self, key: RadixKey, pages: list[bytes]) -> list[int]:
-        """The trie nodes along `key`'s full blocks, as far as they exist (through nodes with
-        no cached copy). Resumes the previous walk over the whole blocks `key` shares with it
-        (a request's match and its inserts walk one prefix); nodes leave the trie only when
-        blocks are dropped, which ends the reuse."""
-        last, path, drops = self._walked
-        if drops == self._drops and last.namespace == key.namespace:
-            path = path[:key.shared(last) // self.block_size]
-        else:
-            path = []
+    def _walk(self, key: RadixKey) -> tuple[list[bytes], list[int]]:
+        """`key`'s pages (its full blocks: key.numpy() cut into rows of block_size ids, each row
+        one bytes value, equal exactly when the ids are) and the trie nodes along them as far
+        as they exist (through nodes with no cached copy). Both resume the previous walk over
+        the whole blocks `key` shares with it (a request's match and inserts walk one prefix);
+        nodes leave the trie only when blocks are dropped."""
+        bs, (last, pages, path, drops) = self.block_size, self._walked
+        m, toks = key.shared(last) // bs, key.numpy()
+        pages = pages[:m] + toks[m * bs:len(toks) - len(toks) % bs].view(self._row).tolist()
+        path = path[:m] if drops == self._drops and last.namespace == key.namespace else []
         node = path[-1] if path else self._roots.get(key.namespace)
         if node is not None:
-            child = self._child
+            kids, pg = self._kids, self._page
             for page in itertools.islice(pages, len(path), None):
-                node = child.get((node, page))
+                k = kids[node]
+                node = k.get(page) if k is not None else node + 1 if pg[node + 1] == page else None
                 if node is None:
                     break
                 path.append(node)
-        self._walked = (key, path, self._drops)
-        return path
+        self._walked = (key, pages, path, self._drops)
+        return pages, path
 
     def _match(self, key: RadixKey, split: bool) -> MatchResult:
-        """Hit blocks of `key`, stopping at the first block with no cached copy. Changes
-        nothing but the walk memo."""
-        heads = list(map(self._first.__getitem__, self._path(key, self._pages(key))))
+        """Hit blocks of `key`, up to the first block with no cached copy. Changes nothing but
+        the walk memo."""
+        heads = list(map(self._first.__getitem__, self._walk(key)[1]))
         if -1 in heads:
             del heads[heads.index(-1):]
         ids = np.array(heads, np.int64)
-        return MatchResult(len(ids) * self.block_size, self._slots(ids),
-                           Chain(self, ids, self._serial[ids]))
+        return MatchResult(len(ids) * self.block_size, self._slots(ids), self._chain(ids))
 
     def lookup(self, prompt: RadixKey) -> MatchResult:
         """vLLM's get_computed_blocks: the last prompt token is always recomputed, so a full
@@ -270,6 +247,9 @@ class BlockHashCache(PrefixCache):
         if not len(ids):
             return EMPTY_SLOTS
         return (ids[:, None] * self.block_size + np.arange(self.block_size)).ravel()
+
+    def _chain(self, ids: np.ndarray) -> Chain:
+        return Chain(self, ids, self._serial[ids], self._drops)
 
     def match_stamp(self, chain) -> int:
         return self._version
@@ -288,15 +268,15 @@ class BlockHashCache(PrefixCache):
         last block first."""
         bs = self.block_size
         nfull = len(key) // bs
-        page = slots[:nfull * bs].reshape(nfull, bs)
-        ids = page[:, 0] // bs
-        if nfull and not ((page[:, 0] % bs == 0).all() and (page == page[:, :1] + np.arange(bs)).all()):
+        ids = slots[:nfull * bs:bs] // bs
+        if not (slots[:nfull * bs] == self._slots(ids)).all():
             raise ValueError(f"slots are not whole blocks of {bs} (first: {slots[:bs].tolist()})")
-        if len(set(ids.tolist())) != nfull:
-            raise ValueError(f"insert lists block {_first_repeat(ids)} twice")
-        self._grow(int(ids.max()) if nfull else 0)
-        pages = self._pages(key)
-        path = self._path(key, pages)                         # the nodes key already has
+        ordered = np.sort(ids)
+        twice = ordered[1:][ordered[1:] == ordered[:-1]]
+        if len(twice):
+            raise ValueError(f"insert lists block {int(twice[0])} twice")
+        self._grow(int(ordered[-1]) if nfull else 0)
+        pages, path = self._walk(key)                         # the nodes key already has
         held, want = self._node[ids], np.full(nfull, -1, np.int64)
         want[:len(path)] = path
         bad = (held >= 0) & (held != want)                    # a registered id, other content
@@ -304,55 +284,68 @@ class BlockHashCache(PrefixCache):
             raise ValueError(f"block {int(ids[bad.argmax()])} is already registered with other content")
         new = np.flatnonzero(held < 0)
         if len(new):
-            ns, nodes = key.namespace, []
-            for i, bid in zip(new.tolist(), ids[new].tolist()):
-                if i < len(path):                             # known content: one more copy
-                    n = path[i]
-                    if self._first[n] < 0:
-                        self._first[n] = bid
-                    else:
-                        self._dups.setdefault(n, []).append(bid)
-                        self.duplicate_blocks += 1
-                else:                                         # new content (extends the memo)
-                    parent = path[i - 1] if i else self._root(ns)
-                    n = self._new_node(parent, pages[i], bid)
-                    path.append(n)
-                    if self.enable_events:                    # events carry the chained hash
-                        self._hash[n] = chain_hash(self._hash[parent], ns if i == 0 else (ns[0], None),
-                                                   key.page(i, bs), self.hash_algo)
+            known, nodes = len(path), []
+            for i in new[new < known].tolist():               # known content: one more copy
+                n, bid = path[i], int(ids[i])
+                if self._first[n] < 0:
+                    self._first[n] = bid
+                else:
+                    self._dups.setdefault(n, []).append(bid)
+                    self.duplicate_blocks += 1
                 nodes.append(n)
-                if self.enable_events:
-                    self._events.append(KVEvent("stored", self._hash[n], self._hash[self._key[n][0]],
-                                                tuple(key[i * bs:(i + 1) * bs]), ns))
+            if known < nfull:                                 # new content: a chain of new nodes
+                parent = path[-1] if path else self._root(key.namespace)
+                made = self._add_nodes(parent, pages[known:], ids[known:].tolist())
+                path += made                                  # extends the walk memo too
+                nodes += made
             added = ids[new]
             self._node[added] = nodes
             self._serial[added] = np.fromiter(self._serials, np.int64, len(added))
+            if self.enable_events:
+                self._store_events(key, new.tolist(), path)
             self._enqueue(added[::-1])
             self._nblocks += len(added)
             self._version = next(_versions)
             self.peak_blocks = max(self.peak_blocks, self._nblocks)
         prefix = int(new[0]) if len(new) else nfull
-        return InsertResult(prefix * bs, Chain(self, ids, self._serial[ids]))
+        return InsertResult(prefix * bs, self._chain(ids))
 
     def _root(self, ns: tuple) -> int:
-        n = self._roots.get(ns)
-        if n is None:
-            n = self._roots[ns] = self._new_node(-1, ns, -1)
-        return n
+        if ns not in self._roots:
+            self._roots[ns] = self._add_nodes(-1, [ns], [-1])[0]
+        return self._roots[ns]
 
-    def _new_node(self, parent: int, page, first: int) -> int:
-        key = (parent, page)
-        if self._free_nodes:
-            n = self._free_nodes.pop()
-            self._key[n], self._first[n], self._nkids[n], self._hash[n] = key, first, 0, None
-        else:
-            n = len(self._key)
-            for column, v in ((self._key, key), (self._first, first), (self._nkids, 0), (self._hash, None)):
-                column.append(v)
+    def _add_nodes(self, parent: int, pages: list, firsts: list[int]) -> list[int]:
+        """New nodes, one per page, each the next one's parent, the first under `parent` (-1:
+        a root, whose page is its namespace); firsts: their first copies. Dropped ids are
+        reused first; fresh ones are appended to the columns in bulk."""
+        k, free = len(pages), self._free_nodes
+        reused = [free.pop() for _ in range(min(k, len(free)))]
+        made = reused + list(range(len(self._parent), len(self._parent) + k - len(reused)))
+        parents = [parent] + made[:-1]
+        # a run of consecutive ids needs no dict: a node's only child is the next id
+        kids = [None if n == p + 1 else {g: n} for p, n, g in zip(made, made[1:], pages[1:])] + [{}]
         if parent >= 0:
-            self._child[key] = n
-            self._nkids[parent] += 1
-        return n
+            if self._kids[parent] is None:                    # a second child: spell out the first
+                self._kids[parent] = {self._page[parent + 1]: parent + 1}
+            self._kids[parent][pages[0]] = made[0]
+        for n, p, g, d, f in zip(reused, parents, pages, kids, firsts):
+            self._parent[n], self._page[n], self._kids[n], self._first[n] = p, g, d, f
+        for column, values in ((self._parent, parents), (self._page, pages), (self._kids, kids),
+                               (self._first, firsts)):
+            column += values[len(reused):]
+        return made
+
+    def _store_events(self, key: RadixKey, positions: list[int], path: list[int]) -> None:
+        """A "stored" event per new block, in key order, hashing new content as it comes."""
+        bs, ns, h = self.block_size, key.namespace, self._hash
+        rows = key.numpy()[:len(key) // bs * bs].reshape(-1, bs)[positions].tolist()
+        for i, toks in zip(positions, rows):
+            n, parent = path[i], self._parent[path[i]]
+            if n not in h:
+                h[n] = chain_hash(h.get(parent), ns if i == 0 else (ns[0], None), key.page(i, bs),
+                                  self.hash_algo)
+            self._events.append(KVEvent("stored", h[n], h.get(parent), tuple(toks), ns))
 
     def _grow(self, max_id: int) -> None:
         """Make the per-block-id arrays cover `max_id`."""
@@ -363,7 +356,7 @@ class BlockHashCache(PrefixCache):
                 np.concatenate([a, np.full(extra, v, a.dtype)]) for a, v in
                 ((self._node, -1), (self._serial, 0), (self._ref, 0), (self._qpos, -1)))
 
-    # ---- the free queue -------------------------------------------------------------------
+    # ---- the free queue and eviction ----------------------------------------------------------
     def _enqueue(self, ids: np.ndarray) -> None:
         """Append blocks (cached, none queued) to the tail, in order."""
         k, t = len(ids), self._qtail
@@ -377,15 +370,10 @@ class BlockHashCache(PrefixCache):
         self._qpos[ids] = np.arange(t, t + k)
         self._qtail, self._nfree = t + k, self._nfree + k
 
-    def _unqueue(self, ids: np.ndarray) -> None:
-        self._qpos[ids] = -1
-        self._nfree -= len(ids)
-
     def _queue_ids(self) -> np.ndarray:
         h, t = self._qhead, self._qtail
         return self._qlog[h:t][self._qpos[self._qlog[h:t]] == np.arange(h, t)]
 
-    # ---- evict ----------------------------------------------------------------------------
     def _evict(self, num_tokens: int) -> np.ndarray:
         need, out = -(-num_tokens // self.block_size), []
         while need and self._nfree:                           # pop the head's live entries
@@ -394,7 +382,8 @@ class BlockHashCache(PrefixCache):
             live = np.flatnonzero(self._qpos[seg] == np.arange(h, h + len(seg)))[:need]
             self._qhead = h + (int(live[-1]) + 1 if len(live) == need else len(seg))
             out.append(seg[live])
-            self._unqueue(out[-1])
+            self._qpos[out[-1]] = -1
+            self._nfree -= len(live)
             need -= len(live)
         if not out:
             return EMPTY_SLOTS
@@ -410,17 +399,19 @@ class BlockHashCache(PrefixCache):
             if self.enable_events:
                 self._events.append(KVEvent("removed", self._hash[n]))
             self._views.pop(bid, None)
-            while self._first[n] < 0 and not self._nkids[n]:  # drop content nothing refers to
-                parent, page = self._key[n]
+            while self._first[n] < 0 and self._kids[n] == {}:  # drop content nothing refers to
+                parent, page = self._parent[n], self._page[n]
                 if parent < 0:
                     del self._roots[page]
+                elif self._kids[parent] is None:              # it was the run's next id
+                    self._kids[parent] = {}
                 else:
-                    del self._child[parent, page]
-                self._key[n] = self._hash[n] = None
+                    del self._kids[parent][page]
+                self._kids[n] = self._page[n] = None
+                self._hash.pop(n, None)
                 self._free_nodes.append(n)
                 if parent < 0:
                     break
-                self._nkids[parent] -= 1
                 n = parent
         self._node[victims], self._serial[victims] = -1, 0
         self._nblocks -= len(victims)
@@ -428,67 +419,57 @@ class BlockHashCache(PrefixCache):
         return self._slots(victims)
 
     # ---- reference counts -----------------------------------------------------------------
-    def _ids(self, chain) -> tuple[np.ndarray, bool]:
-        """Block ids of a checked handle, and whether they are distinct (true of every Chain;
-        a hand-made tuple may list a block twice)."""
+    def _runs(self, chain) -> list[np.ndarray]:
+        """The id arrays a checked handle is locked or unlocked in, in order: a Chain's blocks
+        are distinct, one vectorised step; a hand-made tuple may list a block twice, so it
+        goes one block at a time, exactly as listed."""
         if isinstance(chain, Chain):
-            return chain.ids, True
-        ids = np.fromiter((b.id for b in chain), np.int64, len(chain))
-        return ids, len(np.unique(ids)) == len(ids)
+            return [chain.ids]
+        return [np.array([b.id], np.int64) for b in chain or ()]
 
     def _inc_lock(self, chain) -> None:
-        if not chain:
-            return
-        ids, distinct = self._ids(chain)
-        uses = 1 if distinct else None
-        if not distinct:
-            ids, uses = np.unique(ids, return_counts=True)
-        ref = self._ref[ids]
-        self._unqueue(ids[ref == 0])
-        self._ref[ids] = ref + uses
+        for ids in self._runs(chain):
+            ref = self._ref[ids]
+            leaving = ids[ref == 0]                           # their queue entries go stale
+            self._qpos[leaving] = -1
+            self._nfree -= len(leaving)
+            self._ref[ids] = ref + 1
 
     def _check_locked(self, chain) -> None:
-        if not chain:
-            return
-        ids, distinct = self._ids(chain)
-        held, uses = (ids, 1) if distinct else np.unique(ids, return_counts=True)
-        if (self._ref[held] >= uses).all():
+        if isinstance(chain, Chain) and (self._ref[chain.ids] > 0).all():
             return
         seen: dict[int, int] = {}
-        for b in chain:                                       # a block listed k times needs k refs
+        for b in chain or ():                                 # a block listed k times needs k refs
             seen[b.id] = seen.get(b.id, 0) + 1
             if self._ref[b.id] < seen[b.id]:
                 raise ValueError(f"dec_lock_ref on unreferenced {b!r}")
 
     def _dec_lock(self, chain) -> None:
-        if not chain:
-            return
-        ids, distinct = self._ids(chain)
-        rev = ids[::-1]                                       # last block reaches the tail first
-        if distinct:
+        for ids in reversed(self._runs(chain)):
+            rev = ids[::-1]                                   # last block reaches the tail first
             self._ref[rev] -= 1
-            freed = rev[self._ref[rev] == 0]
-        else:
-            np.subtract.at(self._ref, rev, 1)
-            freed = rev[self._ref[rev] == 0][::-1]
-            _, first = np.unique(freed, return_index=True)    # a block listed twice reached 0
-            freed = freed[np.sort(first)][::-1]               # at its last listing in `rev`
-        self._enqueue(freed)
+            self._enqueue(rev[self._ref[rev] == 0])
 
     def _check_handle(self, chain) -> None:
         if chain is None:
             return
+        ours = isinstance(chain, Chain) and chain.cache is self
+        if ours and chain.drops == self._drops:
+            return                                            # nothing dropped since: all cached
         if isinstance(chain, Chain):
-            ids, serials, ours = chain.ids, chain.serials, chain.cache is self
+            ids, serials = chain.ids, chain.serials
         elif isinstance(chain, tuple) and all(isinstance(b, Block) for b in chain):
             ids = np.fromiter((b.id for b in chain), np.int64, len(chain))
             serials = np.fromiter((b.serial for b in chain), np.int64, len(chain))
             ours = all(b.cache is self for b in chain)
         else:
             raise TypeError(f"expected a Chain or a tuple of Blocks from match_prefix, got {chain!r}")
-        if not ours or not (ids < len(self._serial)).all() or (self._serial[ids] != serials).any():
+        if len(ids) and (not ours or not (ids < len(self._serial)).all()
+                         or (self._serial[ids] != serials).any()):
             bad = next(b for b in chain if b.cache is not self or not b.cached())
             raise ValueError(f"{bad!r} is no longer cached (evicted or foreign)")
+        if isinstance(chain, Chain):
+            chain.drops = self._drops
 
     # ---- sizes and stats ------------------------------------------------------------------
     def evictable_size(self) -> int:
@@ -515,8 +496,8 @@ class BlockHashCache(PrefixCache):
 
     def orphan_blocks(self) -> int:
         """Cached blocks whose parent content has no cached copy: unreachable until it returns."""
-        parents = (self._key[n][0] for n in self._node[self._node >= 0].tolist())
-        return sum(1 for p in parents if self._key[p][0] >= 0 and self._first[p] < 0)
+        parents = (self._parent[n] for n in self._node[self._node >= 0].tolist())
+        return sum(1 for p in parents if self._parent[p] >= 0 and self._first[p] < 0)
 
     def free_queue_ids(self) -> list[int]:
         return self._queue_ids().tolist()
@@ -529,25 +510,30 @@ class BlockHashCache(PrefixCache):
         return ev
 
     def check_invariants(self) -> None:
-        # nodes: live ids are the roots, the _child entries and nothing else, each filed under
-        # its own key; every one has a cached copy or a child (roots: a child, no copy)
-        live = set(self._roots.values()) | set(self._child.values())
+        # nodes: the live ones are the roots and their descendants, each filed under its page in
+        # its parent, each with a cached copy or a child; hashes (where computed) chain as
+        # block_hashes chains them; dropped ids are free, each once
+        live, stack = [], [(r, -1, ns, ns) for ns, r in self._roots.items()]
+        while stack:
+            n, parent, page, ns = stack.pop()                 # ns: what this block's hash mixes in
+            assert (self._parent[n], self._page[n]) == (parent, page), f"node {n} is misfiled"
+            kids = self._kids[n] if self._kids[n] is not None else {self._page[n + 1]: n + 1}
+            assert self._first[n] >= 0 or kids, f"node {n} has no copy and no child"
+            if parent >= 0 and (n in self._hash or self.enable_events):
+                page = RadixKey(np.frombuffer(page, _TOKEN)).page(0, self.block_size)
+                want = chain_hash(self._hash.get(parent), ns, page, self.hash_algo)
+                assert self._hash.get(n) == want, f"node {n}: hash {self._hash.get(n)} != {want}"
+            live.append(n)
+            inner = ns if parent < 0 else (ns[0], None)     # the salt enters the first block only
+            stack.extend((k, n, pg, inner) for pg, k in kids.items())
         free = set(self._free_nodes)
-        assert not live & free and live | free == set(range(len(self._key))) \
-            and len(self._free_nodes) == len(free), "node ids are not exactly live or free"
-        kids: dict[int, list[int]] = {n: [] for n in live}
-        for ns, r in self._roots.items():
-            assert self._key[r] == (-1, ns) and self._first[r] == -1 and r not in self._dups, \
-                f"bad root for namespace {ns}"
-        for key, n in self._child.items():
-            assert self._key[n] == key and key[0] in live, f"node {n} is filed under {key[:1]}"
-            kids[key[0]].append(n)
-        for n in live:
-            assert self._nkids[n] == len(kids[n]), f"node {n} counts {self._nkids[n]} children"
-            assert self._first[n] >= 0 or kids[n], f"node {n} has no copy and no child"
-        # copies: every cached block is listed once, on its own node; serials say which are
-        copies = [(b, n) for n in live for b in ([self._first[n]] if self._first[n] >= 0 else [])
-                  + self._dups.get(n, [])]
+        assert len(free) == len(self._free_nodes) and sorted(live + self._free_nodes) == \
+            list(range(len(self._parent))), "node ids are not exactly live or free"
+        assert all(self._page[n] is None for n in free) and set(self._hash) <= set(live), \
+            "a dropped node kept its page or its hash"
+        assert all(self._first[r] == -1 for r in self._roots.values()), "a root holds a copy"
+        # copies: every cached block is listed once, on its own node, with a serial of its own
+        copies = [(b, n) for n in live for b in [self._first[n]] + self._dups.get(n, []) if b >= 0]
         assert all(self._first[n] >= 0 and v for n, v in self._dups.items()), "a stray copy list"
         cached = np.flatnonzero(self._node >= 0)
         assert sorted(b for b, _ in copies) == cached.tolist(), "copies != cached blocks"
@@ -556,17 +542,6 @@ class BlockHashCache(PrefixCache):
         assert len(set(self._serial[cached].tolist())) == len(cached), "a serial used twice"
         assert self._nblocks == len(cached), f"count {self._nblocks} != {len(cached)} cached"
         assert all(v.cached() for v in self._views.values()), "a view of an evicted block"
-        # hashes, where computed, chain as block_hashes chains them
-        stack = [(r, ns, True) for ns, r in self._roots.items()]
-        while stack:
-            n, ns, first = stack.pop()
-            for k in kids[n]:
-                h = self._hash[k]
-                page = RadixKey(np.frombuffer(self._key[k][1], _TOKEN)).page(0, self.block_size)
-                assert h is not None or not self.enable_events, f"node {k} has no hash, events on"
-                assert h is None or h == chain_hash(self._hash[n], ns if first else (ns[0], None),
-                                                    page, self.hash_algo), f"node {k}: wrong hash"
-                stack.append((k, ns, False))
         # ref counts and the free queue: exactly the cached blocks at ref 0, each once
         assert (self._ref >= 0).all(), f"negative ref count at block {int(np.argmin(self._ref))}"
         off = self._node < 0

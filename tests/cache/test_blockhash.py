@@ -286,3 +286,263 @@ def test_bad_constructor_arguments():
         BlockHashCache(block_size=0)
     with pytest.raises(ValueError, match="md5"):
         BlockHashCache(hash_algo="md5")
+
+
+# ---- the trie index against a naive hash chain -----------------------------------------------
+# The cache finds blocks in a trie of block contents instead of a hash table. The reference
+# below is vLLM's block pool done naively: chained sha256 hashes (computed here, with the
+# salt in the first block and the extra key in every block), hash -> block ids oldest first,
+# and the LRU free queue as a list. Every answer and every piece of state must agree.
+from hypothesis import HealthCheck, settings                                      # noqa: E402
+from hypothesis import strategies as st                                            # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
+
+from radixkv.cache.blockhash import Chain                                          # noqa: E402
+from radixkv.cache.events import KVEvent                                           # noqa: E402
+from radixkv.cache.key import RadixKey                                             # noqa: E402
+
+NAMESPACES = [(None, None), ("lora", None), (None, "salt"), ("lora", "salt")]
+NUM_BLOCKS = 24
+
+
+def chained(key: RadixKey, bs: int, algo: str = "sha256") -> list[int]:
+    out, parent = [], None
+    for i in range(len(key) // bs):
+        parent = chain_hash(parent, key.namespace if i == 0 else (key.namespace[0], None),
+                            key.page(i, bs), algo)
+        out.append(parent)
+    return out
+
+
+class HashChainPool:
+    """vLLM's prefix cache, naively: blocks {id: [hash, parent hash, ref]}, by_hash {hash: ids}."""
+
+    def __init__(self, bs: int):
+        self.bs, self.blocks, self.by_hash, self.queue, self.dups = bs, {}, {}, [], 0
+
+    def match(self, key: RadixKey) -> list[int]:
+        ids = []
+        for h in chained(key, self.bs):
+            if h not in self.by_hash:
+                break
+            ids.append(self.by_hash[h][0])
+        return ids
+
+    def insert(self, key: RadixKey, ids: list[int]) -> int:
+        new, prefix, parent = [], 0, None
+        for i, (bid, h) in enumerate(zip(ids, chained(key, self.bs))):
+            if bid in self.blocks:
+                prefix = prefix if new else i + 1
+            else:
+                self.dups += h in self.by_hash
+                self.blocks[bid] = [h, parent, 0]
+                self.by_hash.setdefault(h, []).append(bid)
+                new.append(bid)
+            parent = h
+        self.queue += new[::-1]
+        return prefix
+
+    def lock(self, ids: list[int]) -> None:
+        for b in ids:
+            if self.blocks[b][2] == 0:
+                self.queue.remove(b)
+            self.blocks[b][2] += 1
+
+    def unlock(self, ids: list[int]) -> None:
+        for b in reversed(ids):
+            self.blocks[b][2] -= 1
+            if self.blocks[b][2] == 0:
+                self.queue.append(b)
+
+    def evict(self, num_tokens: int) -> list[int]:
+        out = []
+        while len(out) * self.bs < num_tokens and self.queue:
+            b = self.queue.pop(0)
+            h = self.blocks.pop(b)[0]
+            self.by_hash[h].remove(b)
+            if not self.by_hash[h]:
+                del self.by_hash[h]
+            out.append(b)
+        return out
+
+    def orphans(self) -> int:
+        return sum(1 for _, p, _ in self.blocks.values() if p is not None and p not in self.by_hash)
+
+
+class IndexMachine(RuleBasedStateMachine):
+    """Random inserts (extending a match, or all-fresh: duplicates), pure and splitting matches,
+    locks, whole and block-by-block forward unlocks (orphans), evictions, over four namespaces."""
+
+    @initialize(bs=st.sampled_from([1, 2, 4]))
+    def setup(self, bs):
+        self.bs, self.c, self.ref = bs, BlockHashCache(block_size=bs), HashChainPool(bs)
+        self.free = list(range(NUM_BLOCKS))              # block ids not cached
+        self.held: list[tuple] = []                      # (handle, ids) locked in both
+        self.memo: list[tuple] = []                      # (key, prefix, ids, last_node, stamp)
+
+    def _key(self, ns, toks) -> RadixKey:
+        return RadixKey(toks, *NAMESPACES[ns])
+
+    def _slots(self, ids, n_tokens) -> np.ndarray:
+        whole = (np.array(ids, np.int64)[:, None] * self.bs + np.arange(self.bs)).ravel()
+        tail = 10_000 + np.arange(n_tokens - len(whole))          # a partial last page: not stored
+        return np.concatenate([whole, tail]).astype(np.int64)
+
+    def _lock(self, handle, ids) -> None:
+        self.c.inc_lock_ref(handle)
+        self.ref.lock(ids)
+        self.held.append((handle, ids))
+
+    @rule(ns=st.integers(0, 3), toks=st.lists(st.integers(0, 2), max_size=10), fresh=st.booleans(),
+          lock=st.booleans())
+    def insert(self, ns, toks, fresh, lock):
+        key = self._key(ns, toks)
+        cached = [] if fresh else self.ref.match(key)
+        need = len(key) // self.bs - len(cached)
+        if need > len(self.free):
+            return
+        ids = cached + [self.free.pop(0) for _ in range(need)]
+        res = self.c.insert(key, self._slots(ids, len(key)))
+        assert res.prefix_len == self.ref.insert(key, ids) * self.bs
+        assert [b.id for b in res.last_node] == ids
+        if lock and ids:
+            self._lock(res.last_node, ids)
+
+    @rule(ns=st.integers(0, 3), toks=st.lists(st.integers(0, 2), max_size=10), split=st.booleans(),
+          lock=st.booleans())
+    def match(self, ns, toks, split, lock):
+        key = self._key(ns, toks)
+        m, ids = self.c.match_prefix(key, split=split), self.ref.match(key)
+        assert m.prefix_len == len(ids) * self.bs and [b.id for b in m.last_node] == ids
+        assert m.slots.tolist() == self._slots(ids, len(ids) * self.bs).tolist()
+        self.memo.append((key, m.prefix_len, ids, m.last_node, self.c.match_stamp(m.last_node)))
+        if lock and ids:
+            self._lock(m.last_node, ids)
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 100), forward=st.booleans())
+    def unlock(self, i, forward):
+        handle, ids = self.held.pop(i % len(self.held))
+        if forward:                                      # parent first: leaves orphans behind
+            for b, bid in zip(handle, ids):
+                self.c.dec_lock_ref((b,))
+                self.ref.unlock([bid])
+        else:
+            self.c.dec_lock_ref(handle)
+            self.ref.unlock(ids)
+
+    @rule(n=st.integers(0, 4 * 4))
+    def evict(self, n):
+        freed, ids = self.c.evict(n), self.ref.evict(n)
+        assert freed.tolist() == self._slots(ids, len(ids) * self.bs).tolist()
+        self.free += ids
+
+    @invariant()
+    def agrees_with_the_hash_chain(self):
+        c, ref = self.c, self.ref
+        c.check_invariants()
+        assert c.free_queue_ids() == ref.queue
+        assert {b: blk.ref_cnt for b, blk in c.blocks.items()} == {b: v[2] for b, v in ref.blocks.items()}
+        assert {h: list(v) for h, v in c.by_hash.items()} == ref.by_hash
+        assert {b: (blk.hash, blk.parent_hash) for b, blk in c.blocks.items()} == \
+            {b: (h, p) for b, (h, p, _) in ref.blocks.items()}
+        assert (c.orphan_blocks(), c.duplicate_blocks) == (ref.orphans(), ref.dups)
+        assert c.evictable_size() == self.bs * len(ref.queue)
+        assert c.total_size() == self.bs * len(ref.blocks)
+
+    @invariant()
+    def a_valid_stamp_is_never_stale(self):
+        for key, prefix, ids, node, stamp in self.memo:
+            if self.c.match_valid(node, stamp):
+                m = self.c.match_prefix(key, split=False)
+                assert (m.prefix_len, [b.id for b in m.last_node]) == (prefix, ids)
+                assert all(a is b for a, b in zip(m.last_node, node))
+
+
+IndexMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestIndexMachine = IndexMachine.TestCase
+
+
+@pytest.mark.parametrize("algo", ["sha256", "xxhash"])
+def test_events_carry_the_chained_hashes(algo):
+    c = BlockHashCache(block_size=4, hash_algo=algo, enable_events=True)
+    T = toks(0, 12)
+    want: list[KVEvent] = []
+    for bid0, ns in zip((0, 3, 6, 9), NAMESPACES):
+        k = key(T + [1], ns)
+        c.insert(k, np.arange(bid0 * 4, bid0 * 4 + 13))
+        hs = chained(k, 4, algo)
+        want += [KVEvent("stored", h, p, tuple(T[i * 4:i * 4 + 4]), ns)
+                 for i, (h, p) in enumerate(zip(hs, [None] + hs[:-1]))]
+    # a chain extended later chains on the cached block's hash; a duplicate repeats the hashes
+    k = key(T + toks(50, 4))
+    c.insert(k, np.concatenate([np.arange(12), np.arange(48, 52)]))
+    c.insert(key(T[:4]), np.arange(52, 56))
+    hs = chained(k, 4, algo)
+    want += [KVEvent("stored", hs[3], hs[2], tuple(toks(50, 4)), (None, None)),
+             KVEvent("stored", hs[0], None, tuple(T[:4]), (None, None))]
+    assert c.take_events() == want
+    order = c.free_queue_ids()
+    hash_of = {b: blk.hash for b, blk in c.blocks.items()}
+    c.evict(1000)
+    assert c.take_events() == [KVEvent("removed", hash_of[b]) for b in order]
+    assert sorted(set(hash_of.values())) == sorted({e.block_hash for e in want})
+    c.check_invariants()
+
+
+def test_stamp_changes_exactly_when_blocks_are_registered_or_dropped():
+    c = BlockHashCache(block_size=4)
+    c.insert(key(toks(0, 8)), np.arange(8))
+    m = c.match_prefix(key(toks(0, 12)), split=False)
+    stamp = c.match_stamp(m.last_node)
+
+    def valid():
+        return c.match_valid(m.last_node, stamp)
+    c.inc_lock_ref(m.last_node)                           # ref counts and queue order: no change
+    c.dec_lock_ref(m.last_node)
+    c.insert(key(toks(0, 8)), np.arange(8))                # nothing new registered
+    c.evict(0)
+    assert valid() and c.match_prefix(key(toks(0, 12))).prefix_len == 8
+    c.insert(key(toks(0, 12)), np.arange(12))              # block 2 registered: the match grows
+    assert not valid() and c.match_prefix(key(toks(0, 12))).prefix_len == 12
+    stamp = c.match_stamp(m.last_node)
+    c.insert(key(toks(500, 4)), np.arange(40, 44))         # elsewhere, still a registration
+    assert not valid()
+    stamp = c.match_stamp(m.last_node)
+    assert c.free_queue_ids() == [1, 0, 2, 10]
+    c.evict(4)                                             # the queue's head: block 1 goes
+    assert not valid() and c.match_prefix(key(toks(0, 12))).prefix_len == 4
+    stamp = c.match_stamp(m.last_node)
+    c.reset()
+    assert not valid()
+
+
+def test_handles_are_tuples_of_blocks_and_go_stale_with_their_registration():
+    c = BlockHashCache(block_size=4)
+    chain = c.insert(key(toks(0, 12)), np.arange(12)).last_node
+    assert isinstance(chain, Chain) and chain == tuple(chain) and chain[:1] + chain[1:] == tuple(chain)
+    assert ids(chain) == [0, 1, 2] and chain[0] is list(chain)[0] is c.blocks[0]
+    assert c.match_prefix(key(toks(0, 12))).last_node == chain
+    c.evict(100)
+    c.insert(key(toks(0, 12)), np.arange(12))              # same ids, same content: a new registration
+    with pytest.raises(ValueError, match="no longer cached"):
+        c.inc_lock_ref(chain)
+    with pytest.raises(ValueError, match="no longer cached"):
+        c.inc_lock_ref(tuple(chain))
+    assert c.match_prefix(key(toks(0, 12))).last_node != chain
+    c.check_invariants()
+
+
+def test_the_index_holds_no_collected_object_per_block():
+    import gc
+    c = BlockHashCache(block_size=4)
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(50):                                    # 50 chains of 40 blocks, half shared
+        c.insert(key(toks(0, 80) + toks(1000 * (i + 1), 80)), np.arange(i * 160, i * 160 + 160))
+    gc.collect()
+    assert c.num_blocks() == 50 * 40 and len(gc.get_objects()) - before < 100
+    c.check_invariants()
