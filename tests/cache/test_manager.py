@@ -294,7 +294,9 @@ CALLS = {
 
 @pytest.mark.parametrize("call", list(CALLS))
 @pytest.mark.parametrize("tamper", list(TAMPER))
-def test_unlocked_handle_raises_before_inserting(tamper, call):
+def test_regression_unlocked_handle_raises_before_inserting(tamper, call):
+    # the cache's request helpers used to insert first and raise after: a node gained a lock
+    # that was never released, and the request and the tree held the same slots
     mgr, tree, r = _running_radix()
     make, exc, msg = TAMPER[tamper]
     own = r.last_node
