@@ -1,6 +1,8 @@
 """Frozen configuration, validated at construction and never mutated.
 
 Derived values are properties; a bad value raises ValueError naming the field and the value.
+A field's metadata names its command-line flag (as SGLang or vLLM name it) and help text;
+radixkv.commands.flags builds the flags of every subcommand from it.
 """
 from __future__ import annotations
 
@@ -14,6 +16,13 @@ def _ints(obj, *names: str, lo: int = 1) -> None:
         int_at_least(getattr(obj, n), f"{type(obj).__name__}.{n}", lo)
 
 
+def _flag(flag: str, help: str, *aliases: str, **extra) -> dict:
+    """Field metadata for radixkv.commands.flags: `aliases` are old spellings (hidden);
+    `choices` is "module:NAME" of the registry the value is one of, read for --help only;
+    `caches` are the cache kinds a cache option applies to (default: all)."""
+    return {"flag": flag, "help": help, "aliases": aliases, **extra}
+
+
 def _choice(obj, name: str, kind: str, valid) -> None:
     try:
         choice(getattr(obj, name), kind, valid)
@@ -23,11 +32,21 @@ def _choice(obj, name: str, kind: str, valid) -> None:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    kind: str = "radix"                   # radix | blockhash | none
-    page_size: int = 1                    # radix page; for blockhash this is the block size
-    eviction: str = "lru"                 # an eviction order name, or "belady" (simulation only)
-    slru_threshold: int = 2
-    hash_algo: str = "sha256"
+    kind: str = field(default="radix", metadata=_flag(          # radix | blockhash | none
+        "--cache", "prefix cache", choices="radixkv.cache.factory:CACHES"))
+    page_size: int = field(default=1, metadata=_flag(           # for blockhash: the block size
+        "--page-size", "tokens per KV page of the radix and none caches",
+        caches=("radix", "none")))
+    eviction: str = field(default="lru", metadata=_flag(        # "belady": simulation only
+        "--radix-eviction-policy", "radix eviction order (belady: the future-aware oracle, "
+        "simulation only)", "--eviction", choices="radixkv.cache.policies:EVICTION_POLICIES",
+        caches=("radix",)))
+    slru_threshold: int = field(default=2, metadata=_flag(
+        "--slru-threshold", "slru: hits that promote an entry to the protected segment",
+        caches=("radix",)))
+    hash_algo: str = field(default="sha256", metadata=_flag(
+        "--prefix-caching-hash-algo", "block hash of the blockhash cache and of KV events",
+        "--hash", choices="radixkv.cache.events:HASH_ALGOS", caches=("blockhash",)))
     enable_events: bool = False
 
     def __post_init__(self):
@@ -64,21 +83,45 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    policy: str = "fcfs"
-    max_prefill_tokens: int = 16384       # new tokens per prefill batch
-    chunked_prefill_size: int = 8192      # 0 disables chunking
-    max_running_requests: int = 256
-    dedup: bool = True                    # in-batch prefix dedup
-    dedup_check_threshold: int = 32       # only requests matching <= this many tokens are checked
-    dedup_hold_threshold: int = 32        # held back when sharing >= this many within the batch
-    lpm_fallback_threshold: int = 0       # 0: never fall back to fcfs (SGLang uses 128)
-    retract_policy: str = "most-remaining"
-    retract_insert: bool = False          # insert a retracted request's KV into the tree
-    init_new_token_ratio: float = 0.7     # share of remaining decode reserved per request
-    min_new_token_ratio: float = 0.1
-    new_token_ratio_decay: float = 0.001  # per decode step
-    mixed_decode: bool = False            # run decodes in the same step as a prefill
-    seed: int = 0                         # for the random policy
+    policy: str = field(default="fcfs", metadata=_flag(
+        "--schedule-policy", "queue order", "--policy",
+        choices="radixkv.sched.policy:QUEUE_ORDERS"))
+    max_prefill_tokens: int = field(default=16384, metadata=_flag(   # per prefill batch
+        "--max-prefill-tokens", "new tokens one prefill batch may take"))
+    chunked_prefill_size: int = field(default=8192, metadata=_flag(  # 0 disables chunking
+        "--chunked-prefill-size", "longest prefill chunk in tokens; 0 or -1: no chunking",
+        "--chunked-prefill", off=-1))
+    max_running_requests: int = field(default=256, metadata=_flag(
+        "--max-running-requests", "requests running at once", "--max-running"))
+    dedup: bool = field(default=True, metadata=_flag(                # in-batch prefix dedup
+        "--disable-inbatch-dedup", "admit requests sharing a prefix not yet cached in the same "
+        "batch, instead of holding the later ones back until the first is prefilled",
+        "--no-dedup", negate=True))
+    dedup_check_threshold: int = field(default=32, metadata=_flag(
+        "--inbatch-dedup-check-threshold",
+        "in-batch dedup checks only requests whose cached prefix is at most this many tokens"))
+    dedup_hold_threshold: int = field(default=32, metadata=_flag(
+        "--inbatch-dedup-hold-threshold",
+        "in-batch dedup holds back a request sharing at least this many new tokens"))
+    lpm_fallback_threshold: int = field(default=0, metadata=_flag(   # SGLang uses 128
+        "--lpm-fallback-threshold", "lpm orders as fcfs while more requests than this wait; "
+        "0: never"))
+    retract_policy: str = field(default="most-remaining", metadata=_flag(
+        "--retract-policy", "which running request is retracted when decode runs out of KV",
+        choices="radixkv.sched.policy:RETRACT_ORDERS"))
+    retract_insert: bool = field(default=False, metadata=_flag(
+        "--retract-insert", "insert a retracted request's computed KV into the cache"))
+    init_new_token_ratio: float = field(default=0.7, metadata=_flag(
+        "--init-new-token-ratio", "share of its remaining output a running request reserves"))
+    min_new_token_ratio: float = field(default=0.1, metadata=_flag(
+        "--min-new-token-ratio", "floor of that share"))
+    new_token_ratio_decay: float = field(default=0.001, metadata=_flag(   # per decode step
+        "--new-token-ratio-decay", "decrease of that share per decode step"))
+    mixed_decode: bool = field(default=False, metadata=_flag(
+        "--enable-mixed-chunk", "run decodes in the same step as a prefill"))
+    seed: int = field(default=0, metadata=_flag(                     # for the random policy
+        "--seed", "seed of the workload generator, the random queue order, and generate's "
+        "weights and sampling"))
 
     def __post_init__(self):
         from radixkv.sched.policy import QUEUE_ORDERS, RETRACT_ORDERS
@@ -102,10 +145,14 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    kv_capacity: int = 200_000            # KV slots (tokens) in the pool
+    kv_capacity: int = field(default=200_000, metadata=_flag(        # KV slots (tokens)
+        "--max-total-tokens", "KV pool: tokens, or a byte size such as 12GiB at the model's "
+        "KV bytes per token", "--kv-capacity", "--capacity", metavar="TOKENS|SIZE"))
     cache: CacheConfig = field(default_factory=CacheConfig)
     sched: SchedulerConfig = field(default_factory=SchedulerConfig)
-    check_invariants: bool = False        # assert cache + pool invariants after every step
+    check_invariants: bool = field(default=False, metadata=_flag(    # after every step
+        "--check-invariants", "assert the cache and pool invariants after every step, slowly",
+        "--check"))
     name: str = ""
 
     def __post_init__(self):

@@ -24,6 +24,10 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._items[name] = obj
 
+    def remove(self, name: str) -> T:
+        """Unregister `name` (a plug-in being unloaded); returns what it named."""
+        return self._items.pop(choice(name, self.kind, self._items))
+
     def get(self, name: str) -> T:
         return self._items[choice(name, self.kind, self._items)]
 

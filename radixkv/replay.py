@@ -30,10 +30,10 @@ from radixkv.cache.base import CacheReq, PrefixCache
 from radixkv.cache.key import RadixKey
 from radixkv.cache.manager import CacheManager
 from radixkv.cache.pool import SlotPool, round_up
+from radixkv.sched.request import FILLER_BASE
 from radixkv.validate import is_int, positive_int
 from radixkv.workloads import TraceRequest
 
-FILLER_BASE = 2**31     # output ids made up for records without them: above any vocabulary
 
 
 @dataclass(frozen=True)
@@ -133,11 +133,11 @@ def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int |
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_CAPACITY = re.compile(r"\s*(\d[\d_,]*(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+_CAPACITY = re.compile(r"\s*(\d[\d_,]*(?:\.\d+)?(?:[eE]\+?\d+)?)\s*([A-Za-z]*)\s*")
 
 
 def parse_capacity(text: str | int, kv_bytes_per_token: int | None = None) -> int:
-    """A capacity in tokens from a token count ("3000000", "3_000_000", "3,000,000") or a
+    """A capacity in tokens from a token count ("3000000", "3_000_000", "3,000,000", "3e6") or a
     byte size ("40GiB", "1.5 TB"; B, KB, MB, GB, TB decimal, KiB..TiB binary), which needs
     `kv_bytes_per_token` (rounded down to whole tokens)."""
     if is_int(text):
@@ -150,9 +150,10 @@ def parse_capacity(text: str | int, kv_bytes_per_token: int | None = None) -> in
                          f"a byte size such as 40GiB")
     number, unit = m.group(1).replace("_", "").replace(",", ""), m.group(2).lower()
     if not unit or unit in ("t", "tok", "tokens"):
-        if "." in number:
+        count = Decimal(number)
+        if count != count.to_integral_value():
             raise ValueError(f"bad capacity {text!r}: a token count must be a whole number")
-        tokens = int(number)
+        tokens = int(count)
     else:
         if unit not in _UNITS:
             raise ValueError(f"bad capacity {text!r}: unknown unit {m.group(2)!r}; valid: B, KB, "

@@ -2,7 +2,7 @@
 side on the same arrivals (`compare`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -41,6 +41,22 @@ def _logical_clock() -> Callable[[], int]:
 
 
 @dataclass(frozen=True)
+class ReferenceRun:
+    """The default experiment of `radixkv simulate` and `radixkv compare`: the support agent
+    at a load and KV pool where the queue backs up and eviction fires (1,200 requests, 4
+    sessions/s, 100,000 KV tokens ~ 12.2 GiB of Llama-3-8B KV)."""
+    workload: str = "support"
+    rate: float = 4.0                     # sessions per second, for `workload` only
+    max_total_tokens: int = 100_000
+
+    def generator_defaults(self, spec: str) -> dict:
+        return {"rate": self.rate} if spec == self.workload else {}
+
+
+REFERENCE = ReferenceRun()
+
+
+@dataclass(frozen=True)
 class Named:
     name: str
     cfg: EngineConfig
@@ -48,18 +64,32 @@ class Named:
 
 def reference_configs(kv_capacity: int, sched: SchedulerConfig | None = None) -> list[Named]:
     """The six-way comparison: SGLang's defaults, a cache-aware schedule, pages, no cache,
-    vLLM-style block hashing, and the future-aware oracle."""
+    vLLM-style block hashing, and the future-aware oracle. `sched` is every configuration's
+    scheduler (the second orders by lpm); each pool is `kv_capacity` in whole pages."""
     s = sched or SchedulerConfig()
-    mk = lambda name, cache, **kw: Named(name, EngineConfig(  # noqa: E731
-        kv_capacity=kv_capacity, cache=cache, sched=s.__class__(**{**s.__dict__, **kw}), name=name))
-    return [
-        mk("1 radix fcfs lru p1", CacheConfig("radix", 1, "lru")),
-        mk("2 radix lpm slru p1", CacheConfig("radix", 1, "slru"), policy="lpm"),
-        mk("3 radix fcfs lru p16", CacheConfig("radix", 16, "lru")),
-        mk("4 no cache", CacheConfig("none", 1)),
-        mk("5 blockhash16 fcfs", CacheConfig("blockhash", 16, "lru")),
-        mk("6 radix fcfs belady p1", CacheConfig("radix", 1, "belady")),
-    ]
+    designs = [(CacheConfig("radix", 1, "lru"), s), (CacheConfig("radix", 1, "slru"),
+                                                     replace(s, policy="lpm")),
+               (CacheConfig("radix", 16, "lru"), s), (CacheConfig("none", 1), s),
+               (CacheConfig("blockhash", 16, "lru"), s), (CacheConfig("radix", 1, "belady"), s)]
+    out = []
+    for i, (cache, sched_i) in enumerate(designs, 1):
+        name = f"{i} {_design_name(cache, sched_i.policy)}"
+        if kv_capacity < cache.page_size:
+            raise ValueError(f"a KV pool of {kv_capacity:,} tokens is smaller than one page of "
+                             f"{cache.page_size} tokens ({name})")
+        tokens = kv_capacity - kv_capacity % cache.page_size
+        out.append(Named(name, EngineConfig(kv_capacity=tokens, cache=cache, sched=sched_i,
+                                            name=name)))
+    return out
+
+
+def _design_name(cache: CacheConfig, policy: str) -> str:
+    """"radix fcfs lru p1", "no cache", "blockhash16 fcfs"."""
+    if cache.kind == "none":
+        return "no cache"
+    if cache.kind == "blockhash":
+        return f"blockhash{cache.page_size} {policy}"
+    return f"{cache.kind} {policy} {cache.eviction} p{cache.page_size}"
 
 
 def compare(workload, configs: Sequence[Named], cost: CostModel,

@@ -42,11 +42,11 @@ def test_support_workload_hits(capsys):
 
 
 def test_no_cache_and_paged_options(capsys):
-    argv = ["--workload", "support", "--users", "2", "--turns", "2", "--chunked-prefill", "64"]
+    argv = ["--workload", "support", "--users", "2", "--turns", "2", "--chunked-prefill-size", "64"]
     assert main(BASE + argv + ["--cache", "none"]) == 0
     none = totals(capsys.readouterr().out)
     assert none["hit"] == 0 and none["cached"] == 0
-    assert main(BASE + argv + ["--page-size", "16", "--kv-capacity", "4000"]) == 0
+    assert main(BASE + argv + ["--page-size", "16", "--max-total-tokens", "4000"]) == 0
     paged = totals(capsys.readouterr().out)
     assert paged["hit"] > 0 and paged["prefill"] < none["prefill"]
 
@@ -74,7 +74,8 @@ def test_jsonl_prompts(tmp_path, capsys):
     (["--model", "no-such-model", "--workload", "support"], "unknown model 'no-such-model'"),
     (["--model", "tiny-llama", "--prompts", "/nonexistent/prompts.txt"], "does not exist"),
     (["--model", "tiny-llama", "--workload", "support", "--users", "0"], "num_users"),
-    (["--workload", "support", "--page-size", "16", "--chunked-prefill", "8"], "below the page size"),
+    (["--workload", "support", "--page-size", "16", "--chunked-prefill-size", "8"],
+     "chunked prefill budget 8 is smaller than the page size 16"),
 ])
 def test_bad_arguments_exit_2(argv, message, capsys):
     assert main(["generate", "--device", "cpu"] + argv) == 2

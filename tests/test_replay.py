@@ -126,10 +126,10 @@ def test_cli_replay_json(tmp_path, capsys):
                "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    for word in ("workload support: 300 requests", "capacity: unlimited", "hit rate",
+    for word in ("workload support: 300 requests", "KV pool: unlimited", "hit rate",
                  "peak nodes/blocks", "CPU µs/request", "radix p1 lru", "none"):
         assert word in text
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["results"]
     keys = {"cache", "requests", "prompt_tokens", "hit_tokens", "hit_rate", "evicted_tokens",
             "orphan_blocks", "cpu_us_per_request"}
     assert [r["cache"] for r in rows] == ["radix", "blockhash", "none"]
@@ -147,23 +147,26 @@ def test_cli_replay_capacity_and_trace_file(tmp_path, capsys):
     path = tmp_path / "w.jsonl"
     write_jsonl(make_workload("multiturn", **SMALL["multiturn"]), path)
     out = tmp_path / "r.json"
-    assert main(["replay", str(path), "--cache", "radix", "blockhash", "--capacity", "1_000",
-                 "--eviction", "fifo", "--hash", "xxhash", "--json", str(out)]) == 0
-    assert "capacity: 1_000 = 1,000 tokens" in capsys.readouterr().out
-    rows = json.loads(out.read_text())
+    assert main(["replay", str(path), "--cache", "radix", "blockhash", "--max-total-tokens",
+                 "1_000", "--radix-eviction-policy", "fifo", "--prefix-caching-hash-algo",
+                 "xxhash", "--json", str(out)]) == 0
+    assert "KV pool: 1_000 = 1,000 tokens" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["results"]
     assert [r["label"] for r in rows] == ["radix p1 fifo", "blockhash b16 xxhash"]
     assert all(r["evicted_tokens"] > 0 for r in rows)
     assert [r["capacity"] for r in rows] == [1000, 992]             # whole blocks of 16
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--cache", "radix", "lru"], "unknown cache 'lru'; valid: radix, blockhash, none"),
-    (["--eviction", "oldest"], "unknown eviction policy 'oldest'; valid: lru"),
-    (["--capacity", "12x"], "bad capacity '12x'"),
-    (["--capacity", "40GiB"], "'40GiB' is a byte size"),
-    (["--capacity", "1000"], "capacity 1,000 tokens is smaller than one request"),
-    (["--hash", "md5"], "unknown hash 'md5'"),
-    (["--page-size", "0"], "page_size must be a positive int, got 0"),
+    (["--cache", "radix", "lru"], "--cache: unknown cache 'lru'; valid: radix, blockhash, none"),
+    (["--radix-eviction-policy", "oldest"],
+     "--radix-eviction-policy: unknown eviction policy 'oldest'; valid: lru"),
+    (["--max-total-tokens", "12x"], "--max-total-tokens: bad capacity '12x'"),
+    (["--max-total-tokens", "40GiB"], "'40GiB' is a byte size"),
+    (["--max-total-tokens", "1000"], "capacity 1,000 tokens is smaller than one request"),
+    (["--prefix-caching-hash-algo", "md5"], "--prefix-caching-hash-algo: unknown hash 'md5'"),
+    (["--page-size", "0"], "--page-size must be a positive int, got 0"),
+    (["--block-size", "0"], "--block-size must be a positive int, got 0"),
 ])
 def test_cli_bad_arguments_exit_2(args, msg, capsys):
     assert main(["replay", "support", "--limit", "20", *args]) == 2
@@ -187,3 +190,12 @@ def test_mooncake_unlimited_radix_hit_rate():
     s = replay(w, RadixCache())
     assert s.requests == 3993 and s.evicted_tokens == 0
     assert abs(s.hit_rate - 0.64) <= 0.02, s
+
+
+def test_capacity_in_scientific_notation():
+    # "--kv-capacity 1e11" was refused as malformed; it is a token count like any other
+    assert parse_capacity("1e11") == 10**11 and parse_capacity("3E6") == 3_000_000
+    assert parse_capacity("1.5e3") == 1500 and parse_capacity("2e1GiB", 2**20) == 20 * 2**10
+    for bad, msg in [("1.5e0", "whole number"), ("1e", "unknown unit 'e'"), ("e5", "'e5'")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_capacity(bad)

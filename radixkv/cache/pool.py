@@ -5,6 +5,7 @@ here. That makes slot conservation checkable in one place (`check_conservation`)
 """
 from __future__ import annotations
 
+import os
 from typing import Iterable
 
 import numpy as np
@@ -19,6 +20,14 @@ EMPTY_SLOTS.flags.writeable = False
 def round_up(n: int, page: int) -> int:
     """n rounded up to whole pages."""
     return -(-n // page) * page
+
+
+def host_memory_bytes() -> int:
+    """Physical memory available now (what a new allocation can still get)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):     # no sysconf here: do not guess, allow
+        return 1 << 62
 
 
 class OutOfSlotsError(RuntimeError):
@@ -45,6 +54,11 @@ class SlotPool:
                              f"got {num_slots!r}")
         self.num_slots, self.page_size = int(num_slots), page_size
         self.num_pages = num_slots // page_size
+        need, have = self.num_slots + 8 * self.num_pages, host_memory_bytes()
+        if need > have:                            # refuse before allocating, not MemoryError
+            raise ValueError(f"a KV pool of {self.num_slots:,} slots needs {need / 2**30:,.1f} GiB "
+                             f"of host memory for its slot bookkeeping; this machine has "
+                             f"{have / 2**30:,.1f} GiB available")
         self.reset()
 
     def reset(self) -> None:

@@ -1,8 +1,9 @@
 """`radixkv generate`: real generation with a PyTorch model through the engine and a cache.
 
-Prompts come from a file (text lines, or JSONL TraceRequests) or a workload generator. A
-workload's recorded replies are forced (scripted): real logits are computed for every token,
-but each reply is the recorded one, so the next turn re-sends exactly it and can hit.
+Prompts come from a file (text lines, or JSONL TraceRequests) or a workload: a generator or a
+trace file. A workload's recorded replies are forced (scripted): real logits are computed for
+every token, but each reply is the recorded one, so the next turn re-sends exactly it and can
+hit.
 """
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-from radixkv.cache.pool import round_up
-from radixkv.commands._common import load_from_args
-from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
+from radixkv.cache.pool import host_memory_bytes
+from radixkv.commands.flags import add_config_flags, check_pool, configs_from_args
+from radixkv.commands.inputs import add_workload_args, load_from_args
+from radixkv.commands.output import (Outputs, check_file_target, console, engine_row, metadata,
+                                     pct, workload_info)
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.shapes import MODEL_CONFIGS, ModelArgs
-from radixkv.model.tokenizer import load_tokenizer
 from radixkv.sched.request import Request
 from radixkv.validate import positive_int
 from radixkv.workloads import GENERATORS, read_jsonl
@@ -32,6 +33,7 @@ CPU_DEFAULTS: dict[str, dict[str, Any]] = {
                     msg_len=(16, 64), reply_len=(8, 32), rate=4.0),
 }
 DTYPES = ("bfloat16", "float16", "float32")
+DEFAULT_TOKENS = 65536
 
 
 def register(subparsers: Any) -> None:
@@ -40,41 +42,44 @@ def register(subparsers: Any) -> None:
         description="Run prompts or a workload through the engine with a real model over a "
                     "paged KV pool, then print per-request latency and cache totals. A workload's "
                     "recorded replies are forced: logits are really computed for every token, but "
-                    "each reply is the recorded one, so the next turn re-sends exactly it and hits. "
+                    "each reply is the recorded one, so the next turn re-sends exactly it and "
+                    "hits. "
                     "Defaults for --workload support suit a CPU: "
                     + ", ".join(f"{k}={v}" for k, v in CPU_DEFAULTS["support"].items()) + ".")
     p.add_argument("--model", default="tiny-llama", metavar="NAME|DIR",
                    help=f"a named shape with random weights ({', '.join(MODEL_CONFIGS)}) or a "
-                        f"local Hugging Face checkpoint directory (default tiny-llama)")
+                        f"local Hugging Face checkpoint directory (default: tiny-llama)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", type=Path, metavar="FILE",
                      help="one prompt per line (text), or a JSONL file of TraceRequests")
     src.add_argument("--workload", metavar="NAME|TRACE",
                      help=f"a generator ({', '.join(GENERATORS)}) or a trace file")
-    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json (default: byte tokenizer)")
-    p.add_argument("--users", type=int, metavar="N", help="workload users (support, multiturn)")
-    p.add_argument("--turns", type=int, metavar="N", help="turns per user (support, multiturn)")
-    p.add_argument("--rate", type=float, metavar="R", help="arrival rate of sessions per second")
-    p.add_argument("--limit", type=int, metavar="N", help="use only the first N requests")
-    p.add_argument("--cache", default="radix", choices=["radix", "none", "blockhash"])
-    p.add_argument("--page-size", type=int, default=1, metavar="N")
-    p.add_argument("--kv-capacity", type=int, default=65536, metavar="TOKENS",
-                   help="KV pool size in tokens (default 65536)")
-    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
-                   help="for prompts without recorded output (default 32)")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass (default 1)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off (default)")
-    p.add_argument("--seed", type=int, default=0, metavar="N",
-                   help="seed of the random weights, the sampling and the workload (default 0)")
-    p.add_argument("--chunked-prefill", type=int, metavar="N", help="chunk size, 0 = off (default 8192)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 (default RADIXKV_DEVICE, else cuda if present)")
-    p.add_argument("--dtype", choices=DTYPES, help="default float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="CPU intra-op threads (default 1: small models are overhead-bound, and "
+    add_workload_args(p, positional=False, vocab=False,
+                      rate_default="4 for support, else the generator's",
+                      tokenizer_help=", and to encode --prompts and decode the replies "
+                                     "(default: the --model directory's tokenizer.json, else "
+                                     "bytes)")
+    add_config_flags(p, caches="one", scheduler=True, max_total_tokens=str(DEFAULT_TOKENS))
+    g = p.add_argument_group("generation")
+    g.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
+                   help="for prompts without recorded output (default: 32)")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 = greedy (default: 0)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="nucleus mass (default: 1)")
+    g.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off (default: 0)")
+    g.add_argument("--device", help="cpu, cuda or cuda:N (default: RADIXKV_DEVICE, else cuda "
+                                    "if present, else cpu)")
+    g.add_argument("--dtype", choices=DTYPES, metavar="NAME",
+                   help=f"{', '.join(DTYPES)} (default: float32 on CPU, bfloat16 on CUDA)")
+    g.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="CPU intra-op threads (default: 1; small models are overhead-bound, and "
                         "spinning OpenMP threads collapse on a shared machine)")
-    p.add_argument("--batch-invariant", action="store_true",
+    g.add_argument("--batch-invariant", action="store_true",
                    help="bit-identical logits whatever the batch (slower)")
+    p.add_argument("--json", type=Path, metavar="OUT",
+                   help="also write the summary, with the run's metadata, as JSON (as simulate "
+                        "--json)")
     p.set_defaults(func=run)
 
 
@@ -92,7 +97,10 @@ def _prompt_requests(args, tok, sampling, eos: int | None) -> list[Request]:
     path: Path = args.prompts
     if not path.is_file():
         raise FileNotFoundError(f"prompts file {str(path)!r} does not exist")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"prompts file {str(path)!r} is not UTF-8 text (byte {e.start})") from None
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
     stops = tuple(sampling.stop_token_ids) + ((eos,) if eos is not None else ())
     if path.suffix == ".jsonl" or first.lstrip().startswith("{"):
@@ -107,44 +115,110 @@ def _prompt_requests(args, tok, sampling, eos: int | None) -> list[Request]:
             for i, ln in enumerate(lines)]
 
 
+def _device(text: str | None):
+    """The torch device to run on; a clear error for one torch does not know or cannot use."""
+    import torch
+
+    from radixkv import env
+    from radixkv.model.executor import resolve_device
+    try:
+        dev = resolve_device(text)
+    except RuntimeError:                      # torch's own "Expected one of cpu, cuda, ..."
+        raise ValueError(f"device {text or env.device()!r} is not a torch device: cpu, cuda "
+                         f"or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(dev)!r}: generate runs on cpu or cuda")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {str(dev)!r}: there are {torch.cuda.device_count()} CUDA devices")
+    return dev
+
+
+def _memory(dev) -> tuple[int, str]:
+    """(bytes a new allocation can still get on `dev`, its name)."""
+    import torch
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0], f"{torch.cuda.get_device_name(dev)} ({dev})"
+    return host_memory_bytes(), "this machine"
+
+
+def _device_name(dev) -> str:
+    """"cpu", or the CUDA device's name."""
+    import torch
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+
+
+def _check_kv_memory(margs: ModelArgs, slots: int, bytes_per_token: int, dev, dtype) -> None:
+    """Refuse a KV pool the device cannot hold, before anything is allocated."""
+    need = slots * bytes_per_token
+    have, where = _memory(dev)
+    if need > have:
+        raise ValueError(f"--max-total-tokens {slots:,}: a KV pool of {slots:,} tokens at "
+                         f"{bytes_per_token:,} bytes per token ({margs.name}, "
+                         f"{str(dtype).removeprefix('torch.')}) needs {need / 2**30:,.1f} GiB; "
+                         f"{where} has {have / 2**30:,.1f} GiB available")
+
+
+def _refuse_workload_options(args: argparse.Namespace) -> None:
+    if args.limit is not None:
+        positive_int(args.limit, "--limit")
+    for dest in ("rate", "users", "turns", "trace_block_size", "time_scale"):
+        if getattr(args, dest) is not None:
+            raise ValueError(f"--{dest.replace('_', '-')} applies to --workload, not to --prompts")
+    if args.skip_bad:
+        raise ValueError("--skip-bad applies to --workload, not to --prompts")
+
+
+def _tokenizer_path(args: argparse.Namespace) -> str | None:
+    if args.tokenizer is not None:
+        return args.tokenizer
+    found = Path(args.model) / "tokenizer.json"
+    return str(found) if args.model not in MODEL_CONFIGS and found.is_file() else None
+
+
 def run(args: argparse.Namespace) -> int:
     import torch                                  # the torch extra is needed only here
 
-    from radixkv.model.executor import TorchExecutor
+    from radixkv.model.executor import TorchExecutor, default_dtype
     from radixkv.model.sampling import SamplingParams
+    from radixkv.model.tokenizer import load_tokenizer
 
+    if args.json is not None:
+        check_file_target(args.json, "--json")
+    if args.prompts is not None:
+        _refuse_workload_options(args)
     margs = _model_args(args.model)
     positive_int(args.threads, "--threads")
-    tok = load_tokenizer(args.tokenizer)
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, args.max_new_tokens)
-    page = args.page_size
-    if args.chunked_prefill and 0 < args.chunked_prefill < page:
-        raise ValueError(f"--chunked-prefill {args.chunked_prefill} is below the page size {page}: "
-                         f"no chunk could ever be scheduled")
-    capacity = round_up(args.kv_capacity, page)
-    cfg = EngineConfig(kv_capacity=capacity, cache=CacheConfig(args.cache, page),
-                       sched=SchedulerConfig(**({} if args.chunked_prefill is None
-                                                else {"chunked_prefill_size": args.chunked_prefill})))
+    dev = _device(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(dev)
+    bpt = margs.kv_bytes_per_token(dtype.itemsize)
+    rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=DEFAULT_TOKENS)
+    cfg = rc.engine(rc.caches[0])
+    check_pool(cfg)
+    _check_kv_memory(margs, cfg.kv_capacity, bpt, dev, dtype)
+    tok = load_tokenizer(_tokenizer_path(args))
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, rc.seed,
+                              args.max_new_tokens)
     vocab = margs.vocab_size
     if args.prompts is not None:
-        reqs = _prompt_requests(args, tok, sampling, margs.eos_id)
+        reqs = _prompt_requests(args, tok, sampling, margs.eos_id)[:args.limit]
         title = f"{args.prompts}"
+        info = {"name": args.prompts.stem, "source": str(args.prompts), "requests": len(reqs),
+                "prompt_tokens": sum(len(r.tokens) for r in reqs)}
     else:
-        args.skip_bad = False
-        defaults = {**CPU_DEFAULTS.get(args.workload, {}), "vocab_size": vocab}
-        wl = load_from_args(args, defaults if args.workload in GENERATORS else None)
+        wl = load_from_args(args, generator_defaults=CPU_DEFAULTS.get(args.workload),
+                            vocab_size=vocab, tokenizer=tok)
         reqs = [request_from_trace(tr, i, sampling,
                                    max_new_tokens=None if tr.output else args.max_new_tokens)
                 for i, tr in enumerate(wl)]
         title = f"{wl.name} ({len(wl)} requests)"
+        info = workload_info(wl, args.workload)
     bad = next((r for r in reqs if max(r.tokens + list(r.forced_output or ())) >= vocab), None)
     if bad is not None:
         raise ValueError(f"request {bad.rid!r} holds token id "
                          f"{max(bad.tokens + list(bad.forced_output or ()))} outside the model "
                          f"vocabulary [0, {vocab})")
     torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    ex = TorchExecutor.from_config(args.model, capacity, seed=args.seed, device=args.device,
+    ex = TorchExecutor.from_config(args.model, cfg.kv_capacity, seed=rc.seed, device=dev,
                                    dtype=dtype, batch_invariant=args.batch_invariant)
     engine = Engine(cfg, cfg.cache.build(), ex)
     for r in reqs:
@@ -153,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     rep = engine.run_until_idle()
     wall = time.perf_counter() - t0
 
-    con = Console()
+    con = console()
     table = Table(title=f"{ex.name} · {cfg.cache.label} · {title}")
     for col in ("id", "prompt", "cached", "TTFT s", "E2E s", "out"):
         table.add_column(col, justify="left" if col == "id" else "right")
@@ -169,8 +243,15 @@ def run(args: argparse.Namespace) -> int:
     con.print(table)
     done = rep.prompt_tokens + rep.output_tokens
     con.print(f"totals: requests {len(rep.records)} · prompt tokens {rep.prompt_tokens:,} · "
-              f"cached tokens {rep.cached_tokens:,} · hit rate {100 * rep.hit_rate:.1f}% · "
-              f"prefill tokens computed {rep.prefill_tokens:,} · output tokens {rep.output_tokens:,} · "
+              f"cached tokens {rep.cached_tokens:,} · hit rate {pct(rep.hit_rate)} · "
+              f"prefill tokens computed {rep.prefill_tokens:,} · "
+              f"output tokens {rep.output_tokens:,} · "
               f"retractions {rep.retractions} · wall {wall:.2f} s · "
               f"{done / max(wall, 1e-9):,.0f} tokens/s", soft_wrap=True, highlight=False)
+    if args.json is not None:
+        with Outputs() as out:
+            out.write_json(args.json, metadata(info, model=args.model, gpu=_device_name(dev),
+                                               max_total_tokens=cfg.kv_capacity,
+                                               results=[engine_row(rep.summary())]))
+        con.print(f"wrote {args.json}")
     return 0

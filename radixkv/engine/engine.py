@@ -20,8 +20,12 @@ from radixkv.sched.scheduler import Scheduler
 
 def request_from_trace(tr, index: int, sampling=None, max_new_tokens: int | None = None,
                        force: bool = True, stop_ids=()) -> Request:
-    """A scheduler Request from a workload TraceRequest (scripted output when it has one)."""
+    """A scheduler Request from a workload TraceRequest: scripted when it has an output (or
+    records none at all); otherwise the executor produces `output_len` tokens (a simulated
+    GPU: filler ids, as replay uses)."""
     forced = tr.output if (force and tr.output is not None) else None
+    if forced is None and force and tr.output_len == 0 and max_new_tokens is None:
+        forced = ()
     return Request(tr.id, tr.prompt, max_new_tokens or max(tr.output_len, 1), arrival=tr.arrival,
                    forced_output=forced, extra_key=tr.extra_key, cache_salt=tr.cache_salt,
                    priority=tr.priority, routing_key=tr.routing_key, sampling=sampling,

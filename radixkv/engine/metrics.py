@@ -2,6 +2,7 @@
 throughput, eviction, retraction, and KV usage / queue length over time."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -21,6 +22,13 @@ class RequestRecord(NamedTuple):
     prefill_tokens: int      # computed by prefill, all admissions
     recomputed_tokens: int   # prefill after retractions (not a hit)
     retractions: int
+    # absolute time of the first admission; optional so that records built from the twelve
+    # fields above still construct (`admitted` then falls back to arrival + queue_time)
+    first_admit: float | None = None
+
+    @property
+    def admitted(self) -> float:
+        return self.arrival + self.queue_time if self.first_admit is None else self.first_admit
 
     @classmethod
     def of(cls, r) -> "RequestRecord":
@@ -28,11 +36,19 @@ class RequestRecord(NamedTuple):
         return cls(r.rid, r.arrival, r.first_admit - r.arrival, r.first_token - r.arrival,
                    (r.finish_time - r.first_token) / max(out - 1, 1), r.finish_time - r.arrival,
                    r.prompt_len, out, r.cached_tokens, r.prefill_tokens, r.recomputed_tokens,
-                   r.retractions)
+                   r.retractions, r.first_admit)
 
 
-def _pct(xs: Sequence[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if len(xs) else float("nan")
+def _finite(x: float | None) -> float | None:
+    # summary() goes to strict JSON: a value that is not a finite number is reported as missing
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _pct(xs: Sequence[float], q: float) -> float | None:
+    if not len(xs):
+        return None
+    with np.errstate(invalid="ignore"):     # an infinite sample interpolates to NaN: None below
+        return _finite(np.percentile(xs, q))
 
 
 @dataclass(frozen=True)
@@ -68,11 +84,45 @@ class EngineReport:
     def output_tokens(self) -> int:
         return sum(r.output_tokens for r in self.records)
 
+    def timeline_series(self, window: float) -> dict[str, np.ndarray]:
+        """Per engine step (arrays of equal length): "t" the simulated time after the step,
+        "waiting" and "running" request counts, "kv_used" slots, "kv_usage" the share of
+        kv_capacity, and "hit_rate" = cached / prompt tokens of the finished requests first
+        admitted in (t - window, t]; NaN where no request was admitted in that window."""
+        if not window > 0:
+            raise ValueError(f"window must be positive, got {window!r}")
+        tl = self.timeline
+        t = np.asarray(tl.get("t", []), dtype=float)
+        kv_used = np.asarray(tl.get("kv_used", []), dtype=float)
+        recs = sorted(self.records, key=lambda r: r.admitted)
+        admitted = np.array([r.admitted for r in recs], dtype=float)
+        cached = np.concatenate([[0], np.cumsum([r.cached_tokens for r in recs], dtype=np.int64)])
+        prompt = np.concatenate([[0], np.cumsum([r.prompt_tokens for r in recs], dtype=np.int64)])
+        hi = np.searchsorted(admitted, t, side="right")
+        lo = np.searchsorted(admitted, t - window, side="right")
+        hits, tokens = cached[hi] - cached[lo], prompt[hi] - prompt[lo]
+        hit_rate = np.where(tokens > 0, hits / np.maximum(tokens, 1), np.nan)
+        return {
+            "t": t,
+            "hit_rate": hit_rate.astype(float),
+            "waiting": np.asarray(tl.get("waiting", []), dtype=float),
+            "running": np.asarray(tl.get("running", []), dtype=float),
+            "kv_used": kv_used,
+            "kv_usage": kv_used / max(self.kv_capacity, 1),
+        }
+
     def summary(self) -> dict:
+        """The run's figures; strict-JSON safe: a percentile or mean over no finished requests
+        is None, and so is a throughput over a zero makespan with tokens in it."""
         ttft = [r.ttft for r in self.records]
         e2e = [r.e2e for r in self.records]
-        span = max(self.makespan, 1e-9)
         used = self.timeline.get("kv_used", [])
+
+        def tokens_per_s(n: int) -> float | None:
+            if not n:
+                return 0.0
+            return _finite(n / self.makespan) if self.makespan > 0 else None
+
         return {
             "name": self.name,
             "requests": len(self.records),
@@ -84,15 +134,15 @@ class EngineReport:
             "output_tokens": self.output_tokens,
             "ttft_p50": _pct(ttft, 50), "ttft_p90": _pct(ttft, 90), "ttft_p99": _pct(ttft, 99),
             "e2e_p50": _pct(e2e, 50), "e2e_p90": _pct(e2e, 90), "e2e_p99": _pct(e2e, 99),
-            "tpot_mean": float(np.mean([r.tpot for r in self.records])) if self.records else float("nan"),
-            "throughput_tok_s": self.output_tokens / span,
-            "total_tok_s": (self.prompt_tokens + self.output_tokens) / span,
+            "tpot_mean": _finite(np.mean([r.tpot for r in self.records])) if self.records else None,
+            "throughput_tok_s": tokens_per_s(self.output_tokens),
+            "total_tok_s": tokens_per_s(self.prompt_tokens + self.output_tokens),
             "evicted_tokens": self.evicted_tokens,
             "retractions": self.retractions,
             "held_back": self.held_back,
             "lpm_fallbacks": self.lpm_fallbacks,
-            "peak_kv_usage": (max(used) / self.kv_capacity) if used else 0.0,
+            "peak_kv_usage": (max(used) / max(self.kv_capacity, 1)) if used else 0.0,
             "peak_queue": max(self.timeline.get("waiting", [0]) or [0]),
-            "makespan_s": self.makespan,
+            "makespan_s": _finite(self.makespan),
             "steps": self.steps,
         }

@@ -20,6 +20,7 @@ from radixkv.cache.pool import EMPTY_SLOTS, SLOT_DTYPE
 from radixkv.validate import an_int, finite_time, int_at_least
 
 STOP = -1          # the sentinel a scripted (workload-driven) request "samples" at its end
+FILLER_BASE = 2**31   # output ids made up where a trace records only a length: above any vocabulary
 
 
 class Status(enum.Enum):

@@ -3,6 +3,10 @@
 Every generator draws content (token ids, lengths) and timing (arrivals, think times) from
 two separate streams spawned from (seed, generator name). So the same seed gives the same
 prompts whatever the rate, and two generators with the same seed do not share tokens.
+
+Before generating, each generator computes from its parameters an upper estimate of its
+requests, its total tokens (every prompt and output, plus shared segments) and its largest
+request, and `check_budget` refuses sizes over the bounds in `record`.
 """
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ import numpy as np
 
 from radixkv.validate import int_at_least, is_int, positive_number
 
-from .record import TraceRequest, Workload
+from .record import (MAX_REQUEST_TOKENS, MAX_WORKLOAD_REQUESTS, MAX_WORKLOAD_TOKENS,
+                     TOKEN_ID_LIMIT, TraceRequest, Workload)
 
 Range = tuple[int, int]
 
@@ -43,7 +48,44 @@ def check_rate(rate: Any) -> float | None:
 
 def check_vocab(vocab_size: Any) -> int:
     # Two ids are the least that still lets distinct segments differ.
-    return int_at_least(vocab_size, "vocab_size", 2)
+    n = int_at_least(vocab_size, "vocab_size", 2)
+    if n > TOKEN_ID_LIMIT:
+        raise ValueError(f"vocab_size must be <= 2**32 (token ids are 32-bit), got {n!r}")
+    return n
+
+
+def _approx(n: int) -> str:
+    """An int for a message: exact with separators when small, else like 1.2e+15 (math.log10
+    handles ints of any size, where float() and str() may not)."""
+    if n < 10**12:
+        return f"{n:,}"
+    e = math.log10(n)
+    mantissa, exp = round(10 ** (e % 1), 1), int(e)
+    if mantissa >= 10:
+        mantissa, exp = mantissa / 10, exp + 1
+    return f"{mantissa:.1f}e+{exp}"
+
+
+def check_budget(generator: str, params: dict[str, Any], requests: int, total: int,
+                 largest: int, at_least: bool = False) -> None:
+    """Refuse sizes over the bounds before anything is generated. `params` are the sizes the
+    estimate comes from, named in the message; at_least=True marks `total` and `requests`
+    as lower bounds (their exact values were not worth computing)."""
+    given = ", ".join(f"{k}={_approx(v) if is_int(v) and v >= 10**12 else repr(v)}"
+                      for k, v in params.items())
+    more = "more than " if at_least else ""
+    if total > MAX_WORKLOAD_TOKENS:
+        raise ValueError(f"{generator}: {given} would generate {more}{_approx(total)} "
+                         f"tokens, over the bound of {MAX_WORKLOAD_TOKENS:,} (2**31) tokens "
+                         f"per workload")
+    if requests > MAX_WORKLOAD_REQUESTS:
+        raise ValueError(f"{generator}: {given} would generate {more}{_approx(requests)} "
+                         f"requests, over the bound of {MAX_WORKLOAD_REQUESTS:,} (2**24) "
+                         f"requests per workload")
+    if largest > MAX_REQUEST_TOKENS:
+        raise ValueError(f"{generator}: {given} would make a request of up to "
+                         f"{_approx(largest)} tokens, over the bound of "
+                         f"{MAX_REQUEST_TOKENS:,} (2**24) tokens per request")
 
 
 def streams(name: str, seed: Any) -> tuple[np.random.Generator, np.random.Generator]:
@@ -98,7 +140,8 @@ class Builder:
         items = sorted(self._items, key=lambda it: it[0])
         offline = self.rate is None
         reqs = [TraceRequest(arrival=0.0 if offline else t, **kw) for t, kw in items]
-        return Workload(self.name, reqs, meta=meta(**self.params))
+        return Workload(self.name, reqs,
+                        meta={"source": f"generator:{self.name}", **meta(**self.params)})
 
 
 def conversation(content: np.random.Generator, prefix: tuple[int, ...], turns: int,

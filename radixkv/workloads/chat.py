@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from radixkv.validate import finite_at_least, int_at_least
 
-from ._common import (Builder, Range, check_range, check_rate,
-                      check_vocab, conversation, length, starts, streams, tokens, turn_times)
+from ._common import (Builder, Range, check_budget, check_range, check_rate, check_vocab,
+                      conversation, length, starts, streams, tokens, turn_times)
 from .record import Workload
 
 
@@ -49,9 +49,20 @@ def support(num_users: int = 200, turns: int = 5, rag_fraction: float = 0.2,
     tpot = finite_at_least(tpot, "tpot")
     orate = check_rate(rate)
     vocab_size = check_vocab(vocab_size)
-    num_rag = round(rag_fraction * num_users * turns)
+    share = rag_fraction * num_users * turns
+    # An absurd rag_fraction would overflow round(); 2**63 RAG requests is already refused.
+    num_rag = round(share) if share < 2.0**63 else 2**63
     if num_users + num_rag == 0:
         raise ValueError("support needs num_users > 0 or rag_fraction > 0")
+    conv_total, conv_largest = _conversation_size(system_len + fewshot_len, turns, msg_len,
+                                                  reply_len)
+    rag_req = system_len + rag_len + reply_len[1]
+    check_budget("support", dict(num_users=num_users, turns=turns, rag_fraction=rag_fraction,
+                                 system_len=system_len, fewshot_len=fewshot_len,
+                                 rag_len=rag_len, msg_len=msg_len, reply_len=reply_len),
+                 requests=num_users * turns + num_rag,
+                 total=system_len + fewshot_len + num_users * conv_total + num_rag * rag_req,
+                 largest=max(conv_largest, rag_req), at_least=share >= 2.0**63)
 
     content, timing = streams("support", seed)
     system = tokens(content, system_len, vocab_size)
@@ -100,6 +111,11 @@ def multiturn(num_users: int = 100, turns: int = 6, system_len: int = 0,
     tpot = finite_at_least(tpot, "tpot")
     orate = check_rate(rate)
     vocab_size = check_vocab(vocab_size)
+    conv_total, conv_largest = _conversation_size(system_len, turns, msg_len, reply_len)
+    check_budget("multiturn", dict(num_users=num_users, turns=turns, system_len=system_len,
+                                   msg_len=msg_len, reply_len=reply_len),
+                 requests=num_users * turns, total=system_len + num_users * conv_total,
+                 largest=conv_largest)
 
     content, timing = streams("multiturn", seed)
     system = tokens(content, system_len, vocab_size)
@@ -114,3 +130,11 @@ def multiturn(num_users: int = 100, turns: int = 6, system_len: int = 0,
         for t, ((prompt, out), at) in enumerate(zip(conv, times)):
             b.add(at, id=f"multiturn-u{u}-t{t}", prompt=prompt, output=out, session=f"u{u}")
     return b.build()
+
+
+def _conversation_size(prefix: int, turns: int, msg_len: Range, reply_len: Range
+                       ) -> tuple[int, int]:
+    """(prompt + output tokens of one conversation, its largest request) at the longest
+    messages and replies: turn t re-sends the prefix and t earlier message/reply pairs."""
+    pair = msg_len[1] + reply_len[1]
+    return turns * (prefix + pair) + pair * turns * (turns - 1) // 2, prefix + turns * pair

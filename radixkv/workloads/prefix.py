@@ -9,9 +9,9 @@ import numpy as np
 
 from radixkv.validate import finite_at_least, int_at_least
 
-from ._common import (Builder, Range, check_range, check_rate,
-                      check_vocab, length, starts, streams, tokens)
-from .record import Workload
+from ._common import (Builder, Range, check_budget, check_range, check_rate, check_vocab,
+                      length, starts, streams, tokens)
+from .record import MAX_WORKLOAD_REQUESTS, Workload
 
 
 def fewshot(num_questions: int = 500, preamble_len: int = 4000,
@@ -24,6 +24,10 @@ def fewshot(num_questions: int = 500, preamble_len: int = 4000,
     output_len = check_range("output_len", output_len, lo=0)
     orate = check_rate(rate)
     vocab_size = check_vocab(vocab_size)
+    req = preamble_len + question_len[1] + output_len[1]
+    check_budget("fewshot", dict(num_questions=num_questions, preamble_len=preamble_len,
+                                 question_len=question_len, output_len=output_len),
+                 requests=num_questions, total=preamble_len + num_questions * req, largest=req)
     content, timing = streams("fewshot", seed)
     preamble = tokens(content, preamble_len, vocab_size)
     b = Builder("fewshot", orate, dict(
@@ -48,6 +52,10 @@ def burst(num_requests: int = 64, prefix_len: int = 2000, suffix_len: int = 32,
     output_len = check_range("output_len", output_len, lo=0)
     orate = check_rate(rate)
     vocab_size = check_vocab(vocab_size)
+    req = prefix_len + suffix_len + output_len[1]
+    check_budget("burst", dict(num_requests=num_requests, prefix_len=prefix_len,
+                               suffix_len=suffix_len, output_len=output_len),
+                 requests=num_requests, total=prefix_len + num_requests * req, largest=req)
     content, timing = streams("burst", seed)
     prefix = tokens(content, prefix_len, vocab_size)
     b = Builder("burst", orate, dict(
@@ -82,6 +90,7 @@ def tree(num_trees: int = 4, branching: int = 3, depth: int = 3, root_len: int =
     tpot = finite_at_least(tpot, "tpot")
     orate = check_rate(rate)
     vocab_size = check_vocab(vocab_size)
+    _check_tree_budget(num_trees, branching, depth, root_len, instruction_len, reply_len)
     content, timing = streams("tree", seed)
     b = Builder("tree", orate, dict(
         num_trees=num_trees, branching=branching, depth=depth, root_len=root_len,
@@ -103,6 +112,29 @@ def tree(num_trees: int = 4, branching: int = 3, depth: int = 3, root_len: int =
                         nxt.append((f"{path}.{c}", prompt + reply + instr, done))
             level = nxt
     return b.build()
+
+
+def _check_tree_budget(num_trees: int, branching: int, depth: int, root_len: int,
+                       instruction_len: Range, reply_len: Range) -> None:
+    """A node at depth d has a prompt of at most root_len + d x (reply + instruction) tokens
+    and b**d nodes share that depth."""
+    step, reply = reply_len[1] + instruction_len[1], reply_len[1]
+    # Past 62 levels a binary tree alone has more than 2**62 nodes: summing further would
+    # only build huge ints for a refusal that is already certain.
+    levels = depth if branching == 1 else min(depth, 62)
+    if branching == 1:
+        nodes = depth + 1
+        per_tree = nodes * (root_len + reply) + step * depth * (depth + 1) // 2
+    else:
+        nodes = per_tree = 0
+        for d in range(levels + 1):
+            nodes += branching ** d
+            per_tree += branching ** d * (root_len + d * step + reply)
+    check_budget("tree", dict(num_trees=num_trees, branching=branching, depth=depth,
+                              root_len=root_len, instruction_len=instruction_len,
+                              reply_len=reply_len),
+                 requests=num_trees * nodes, total=num_trees * per_tree,
+                 largest=root_len + depth * step + reply, at_least=levels < depth)
 
 
 def rag(num_requests: int = 500, num_docs: int = 200, doc_len: int = 2000,
@@ -129,6 +161,15 @@ def rag(num_requests: int = 500, num_docs: int = 200, doc_len: int = 2000,
     output_len = check_range("output_len", output_len, lo=0)
     orate = check_rate(rate)
     vocab_size = check_vocab(vocab_size)
+    if num_docs > MAX_WORKLOAD_REQUESTS:
+        raise ValueError(f"rag: num_docs={num_docs!r} is over the bound of "
+                         f"{MAX_WORKLOAD_REQUESTS:,} (2**24) documents")
+    req = system_len + docs_per_request * doc_len + question_len[1] + output_len[1]
+    check_budget("rag", dict(num_requests=num_requests, num_docs=num_docs, doc_len=doc_len,
+                             docs_per_request=docs_per_request, system_len=system_len,
+                             question_len=question_len, output_len=output_len),
+                 requests=num_requests,
+                 total=system_len + num_docs * doc_len + num_requests * req, largest=req)
     content, timing = streams("rag", seed)
     system = tokens(content, system_len, vocab_size)
     docs = [tokens(content, doc_len, vocab_size) for _ in range(num_docs)]

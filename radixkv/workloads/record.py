@@ -4,21 +4,35 @@ A JSONL trace holds one `TraceRequest.to_json()` object per line. `write_jsonl` 
 optional header line first (``{"radixkv_workload": 1, "name": ..., "block_size": ...,
 "meta": {...}}``) so that a round trip keeps the workload's name and generator parameters;
 `read_jsonl` accepts files with or without it. Blank lines are ignored.
+
+Size bounds, shared by every reader and generator: token ids lie in [0, 2**32) (the cache
+packs them as uint32); a request holds at most `MAX_REQUEST_TOKENS` = 2**24 prompt + output
+tokens (more than any model's context); a generated or expanded workload at most
+`MAX_WORKLOAD_TOKENS` = 2**31 tokens and `MAX_WORKLOAD_REQUESTS` = 2**24 requests.
 """
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from radixkv.validate import an_int, finite_time, int_at_least, optional_str, positive_int
+from radixkv.validate import (an_int, finite_time, int_at_least, is_number, optional_str,
+                              positive_int, positive_number)
 
 HEADER_KEY = "radixkv_workload"
 HEADER_VERSION = 1
+
+TOKEN_ID_LIMIT = 2**32
+MAX_REQUEST_TOKENS = 2**24
+MAX_WORKLOAD_TOKENS = 2**31
+MAX_WORKLOAD_REQUESTS = 2**24
+
+T = TypeVar("T")
 
 
 class TraceFormatError(ValueError):
@@ -44,7 +58,18 @@ def _as_tokens(name: str, value: Any) -> tuple[int, ...]:
                          f"({type(bad).__name__})")
     if toks and min(toks) < 0:
         raise ValueError(f"{name} holds a negative token id {min(toks)}")
+    if toks and max(toks) >= TOKEN_ID_LIMIT:
+        raise ValueError(f"{name} holds token id {max(toks)}, outside [0, 2**32)")
     return toks
+
+
+def token_count(v: Any, what: str, lo: int = 0) -> int:
+    """A per-request token count: an int in [lo, MAX_REQUEST_TOKENS]."""
+    n = int_at_least(v, what, lo)
+    if n > MAX_REQUEST_TOKENS:
+        raise ValueError(f"{what} {n:,} is over the bound of {MAX_REQUEST_TOKENS:,} (2**24) "
+                         f"tokens per request")
+    return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +103,7 @@ class TraceRequest:
         object.__setattr__(self, "prompt", prompt)
         n = self.output_len
         if n is not None:
-            n = int_at_least(n, "output_len", 0)
+            n = token_count(n, "output_len")
             object.__setattr__(self, "output_len", n)
         if self.output is not None:
             output = _as_tokens("output", self.output)
@@ -90,6 +115,8 @@ class TraceRequest:
         elif n is None:
             raise ValueError(f"output_len is required when output is None "
                              f"(request {self.id!r})")
+        token_count(len(prompt) + self.output_len,
+                    f"request {self.id!r}: prompt + output length")
         object.__setattr__(self, "priority", an_int(self.priority, "priority"))
         for name in ("extra_key", "cache_salt", "routing_key", "session"):
             optional_str(getattr(self, name), name)
@@ -108,6 +135,14 @@ class TraceRequest:
                             ("extra_key", None), ("cache_salt", None), ("priority", 0),
                             ("routing_key", None), ("session", session)):
             object.__setattr__(obj, name, value)
+        return obj
+
+    def with_arrival(self, arrival: float) -> TraceRequest:
+        """A copy arriving at `arrival`; the token fields, already valid, are not re-checked."""
+        obj = object.__new__(TraceRequest)
+        for name in _FIELD_NAMES:
+            object.__setattr__(obj, name, getattr(self, name))
+        object.__setattr__(obj, "arrival", finite_time(arrival, "arrival"))
         return obj
 
     @property
@@ -200,6 +235,20 @@ class Workload:
         """Seconds from the first to the last arrival (0 for an offline workload)."""
         return self.requests[-1].arrival - self.requests[0].arrival if self.requests else 0.0
 
+    def scaled(self, factor: float) -> Workload:
+        """Every arrival multiplied by `factor` (finite, > 0): 0.5 replays the same requests
+        in half the time, i.e. at twice the load. Order is kept; `meta["time_scale"]` holds
+        the product of all factors applied so far."""
+        factor = positive_number(factor, "time scale factor")
+        last = self.requests[-1].arrival if self.requests else 0.0
+        if not math.isfinite(last * factor):
+            raise ValueError(f"time scale factor {factor!r} takes the last arrival "
+                             f"{last!r} s past the float range")
+        prev = self.meta.get("time_scale")
+        meta = {**self.meta, "time_scale": (prev if is_number(prev) else 1.0) * factor}
+        return Workload(self.name, [r.with_arrival(r.arrival * factor) for r in self.requests],
+                        skipped=self.skipped, block_size=self.block_size, meta=meta)
+
 
 def write_jsonl(workload: Workload, path: str | Path, header: bool = True) -> None:
     """Write one request per line, preceded by a header line unless header=False."""
@@ -224,36 +273,68 @@ def _parse_header(d: dict[str, Any]) -> tuple[str | None, int | None, dict[str, 
     return name, bs, meta
 
 
-def read_jsonl(path: str | Path, skip_bad: bool = False) -> Workload:
-    """Read a JSONL trace of TraceRequest objects.
+def decode_line(raw: bytes, lineno: int) -> str:
+    """One line of a trace file as text; ValueError saying where the UTF-8 breaks."""
+    try:
+        # utf-8-sig drops the byte-order mark some editors put at the start of a file
+        return raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        hint = " (the file looks like UTF-16: convert it to UTF-8)" \
+            if lineno == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise ValueError(f"not UTF-8 text: byte 0x{raw[e.start]:02x} at column "
+                         f"{e.start + 1}{hint}") from None
 
-    A malformed line raises TraceFormatError("<file>:<line>: <what>"); with skip_bad=True
-    it is dropped and counted in `Workload.skipped` instead. Duplicate ids count as
-    malformed (the later line is the bad one).
-    """
-    path = Path(path)
-    requests: list[TraceRequest] = []
-    ids: set[str] = set()
+
+def parse_lines(path: str | Path, parse: Callable[[str, int], T | None],
+                skip_bad: bool = False, limit: int | None = None) -> tuple[list[T], int]:
+    """Apply `parse(text, lineno)` to each non-blank line: (results that are not None,
+    skipped lines). A line whose decoding or parsing raises ValueError or TypeError raises
+    TraceFormatError("<file>:<line>: <what>"), or with skip_bad=True is counted and
+    dropped. `limit` stops after that many results."""
+    out: list[T] = []
     skipped = 0
-    name, block_size, meta = path.stem, None, {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if limit is not None and len(out) >= limit:
+                break
             try:
-                d = json.loads(line)
-                if lineno == 1 and isinstance(d, dict) and HEADER_KEY in d:
-                    hname, block_size, meta = _parse_header(d)
-                    name = hname or name
+                line = decode_line(raw, lineno)
+                if not line.strip():
                     continue
-                r = TraceRequest.from_json(d)
-                if r.id in ids:
-                    raise ValueError(f"duplicate request id {r.id!r}")
+                item = parse(line, lineno)
             except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
                 if not skip_bad:
                     raise TraceFormatError(f"{path}:{lineno}: {e}") from None
                 skipped += 1
                 continue
-            ids.add(r.id)
-            requests.append(r)
-    return Workload(name, requests, skipped=skipped, block_size=block_size, meta=meta)
+            if item is not None:
+                out.append(item)
+    return out, skipped
+
+
+def read_jsonl(path: str | Path, skip_bad: bool = False) -> Workload:
+    """Read a JSONL trace of TraceRequest objects.
+
+    A malformed line raises TraceFormatError("<file>:<line>: <what>"); with skip_bad=True
+    it is dropped and counted in `Workload.skipped` instead. Duplicate ids count as
+    malformed (the later line is the bad one). `meta` is the header's, unchanged, so a
+    write/read round trip is exact; `load_workload` adds `source` when it is missing.
+    """
+    path = Path(path)
+    ids: set[str] = set()
+    header: dict[str, Any] = {}
+
+    def parse(line: str, lineno: int) -> TraceRequest | None:
+        d = json.loads(line)
+        if lineno == 1 and isinstance(d, dict) and HEADER_KEY in d:
+            header["name"], header["block_size"], header["meta"] = _parse_header(d)
+            return None
+        r = TraceRequest.from_json(d)
+        if r.id in ids:
+            raise ValueError(f"duplicate request id {r.id!r}")
+        ids.add(r.id)
+        return r
+
+    requests, skipped = parse_lines(path, parse, skip_bad)
+    return Workload(header.get("name") or path.stem, requests, skipped=skipped,
+                    block_size=header.get("block_size"), meta=header.get("meta", {}))

@@ -3,13 +3,20 @@
 Format: one JSON object per line with `timestamp` (ms from trace start), `input_length`,
 `output_length` (tokens) and `hash_ids`. Each id stands for one `block_size`-token block
 and, the ids being chained, for everything before it too; the last block may be partial,
-so len(hash_ids) == ceil(input_length / block_size). Other keys are ignored.
+so len(hash_ids) == ceil(input_length / block_size). Other keys are ignored. Mooncake's
+block is 512 tokens; other producers pick their own, given here as `block_size`.
 
 Expansion to token ids. Hash id h becomes the run
     token[j] = splitmix64(splitmix64(h ^ PROMPT_SALT) + j) mod vocab_size,  j < block_size
 a pure function of (h, block_size, vocab_size): equal ids give equal runs in any file;
 distinct ids get distinct run seeds (splitmix64 is a bijection on 64-bit words), hence
-different runs with overwhelming probability. The last block is cut to the remaining input length.
+different runs with overwhelming probability. The last block is cut to the remaining input
+length (token j of a run does not depend on the run's length, so a cut run is a prefix of the
+full one).
+
+Sizes are checked per line before anything is expanded: input_length >= 1 and
+input_length + output_length <= MAX_REQUEST_TOKENS (2**24); the whole trace at most
+MAX_WORKLOAD_TOKENS (2**31) tokens after expansion.
 
 Outputs are explicit token ids of length `output_length`, derived the same way from
 (OUTPUT_SALT, line number): unique per request, so a replay that inserts prompt + output
@@ -29,7 +36,8 @@ import numpy as np
 from radixkv.validate import finite_at_least, int_at_least, positive_int
 
 from ._common import check_vocab
-from .record import TraceFormatError, TraceRequest, Workload
+from .record import (MAX_REQUEST_TOKENS, MAX_WORKLOAD_TOKENS, TraceRequest, Workload,
+                     parse_lines, token_count)
 
 MOONCAKE_BLOCK_SIZE = 512
 PROMPT_SALT = 0x5241_4449_584B_5631  # "RADIXKV1"
@@ -79,8 +87,9 @@ def _parse(line: str, lineno: int, block_size: int) -> HashIdRow:
             raise ValueError(f"missing field {key!r}")
     ts, n_in, n_out, ids = d["timestamp"], d["input_length"], d["output_length"], d["hash_ids"]
     ts = finite_at_least(ts, "timestamp (ms)", 0)
-    n_in = int_at_least(n_in, "input_length", 1)
-    n_out = int_at_least(n_out, "output_length", 0)
+    n_in = token_count(n_in, "input_length", 1)
+    n_out = token_count(n_out, "output_length")
+    token_count(n_in + n_out, "input_length + output_length")
     if not isinstance(ids, list):
         raise ValueError(f"hash_ids must be a list, got {type(ids).__name__}")
     # JSON gives plain ints only; type() keeps this per-id test cheap
@@ -94,6 +103,15 @@ def _parse(line: str, lineno: int, block_size: int) -> HashIdRow:
     return HashIdRow(lineno, ts, n_in, n_out, ids)
 
 
+def check_block_size(block_size: Any) -> int:
+    """A hash-id block size: an int in [1, MAX_REQUEST_TOKENS]."""
+    block_size = positive_int(block_size, "block_size")
+    if block_size > MAX_REQUEST_TOKENS:
+        raise ValueError(f"block_size {block_size:,} is over the bound of "
+                         f"{MAX_REQUEST_TOKENS:,} (2**24) tokens per request")
+    return block_size
+
+
 def scan_hash_id_trace(path: str | Path, block_size: int = MOONCAKE_BLOCK_SIZE,
                        skip_bad: bool = False, limit: int | None = None
                        ) -> tuple[list[HashIdRow], int]:
@@ -102,24 +120,11 @@ def scan_hash_id_trace(path: str | Path, block_size: int = MOONCAKE_BLOCK_SIZE,
     A bad line raises TraceFormatError("<file>:<line>: <what>") unless skip_bad; `limit`
     stops after that many good rows.
     """
-    block_size = positive_int(block_size, "block_size")
+    block_size = check_block_size(block_size)
     if limit is not None:
         limit = int_at_least(limit, "limit", 0)
-    rows: list[HashIdRow] = []
-    skipped = 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                rows.append(_parse(line, lineno, block_size))
-            except ValueError as e:  # JSONDecodeError is a ValueError
-                if not skip_bad:
-                    raise TraceFormatError(f"{path}:{lineno}: {e}") from None
-                skipped += 1
-    return rows, skipped
+    return parse_lines(path, lambda line, lineno: _parse(line, lineno, block_size),
+                       skip_bad, limit)
 
 
 def read_hash_id_trace(path: str | Path, block_size: int = MOONCAKE_BLOCK_SIZE,
@@ -130,11 +135,16 @@ def read_hash_id_trace(path: str | Path, block_size: int = MOONCAKE_BLOCK_SIZE,
     Request ids are "<file stem>-<line number>"; arrival = timestamp / 1000 s.
     """
     vocab_size = check_vocab(vocab_size)
-    block_size = positive_int(block_size, "block_size")
+    block_size = check_block_size(block_size)
     if limit is not None:
         limit = int_at_least(limit, "limit", 0)
     path = Path(path)
     rows, skipped = scan_hash_id_trace(path, block_size, skip_bad, limit)
+    total = sum(r.input_length + r.output_length for r in rows)
+    if total > MAX_WORKLOAD_TOKENS:
+        raise ValueError(f"{path}: {len(rows):,} requests expand to {total:,} tokens, over "
+                         f"the bound of {MAX_WORKLOAD_TOKENS:,} (2**31) tokens per workload; "
+                         f"read fewer lines (limit)")
     # Building millions of tuples would trigger full garbage collections that walk every
     # object built so far (a third of the load time); nothing here forms cycles.
     gc_was_enabled = gc.isenabled()
@@ -154,18 +164,22 @@ def _expand_rows(rows: list[HashIdRow], stem: str, block_size: int, vocab_size: 
     # Tuples hold one shared int object per vocabulary id instead of a fresh int per token:
     # a 60M-token trace then costs 8 bytes a token, not ~40.
     pool = np.fromiter(range(vocab_size), dtype=object, count=vocab_size)
-    counts = [len(r.hash_ids) for r in rows]
-    flat = np.fromiter((h for r in rows for h in r.hash_ids), dtype=np.uint64,
+    # Every id but a row's last covers a full block: expand each distinct one once into a
+    # table that rows gather from. The last block is expanded per row to its own length,
+    # so the work stays proportional to the trace's tokens whatever the block size.
+    counts = [len(r.hash_ids) - 1 for r in rows]
+    flat = np.fromiter((h for r in rows for h in r.hash_ids[:-1]), dtype=np.uint64,
                        count=sum(counts))
-    # Expand each distinct id once; requests then gather rows of this table.
     uniq, inverse = np.unique(flat, return_inverse=True)
     runs = pool[expand_ids(uniq, block_size, vocab_size)]
-    offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
     out_seeds = np.array([r.lineno for r in rows], dtype=np.uint64)
     requests = []
     for i, r in enumerate(rows):
-        blocks = runs[inverse[offsets[i]:offsets[i + 1]]].reshape(-1)
-        prompt = tuple(blocks[:r.input_length].tolist())
+        full = runs[inverse[offsets[i]:offsets[i + 1]]].reshape(-1).tolist()
+        last = np.array(r.hash_ids[-1:], dtype=np.uint64)
+        tail = pool[expand_ids(last, r.input_length - len(full), vocab_size)[0]].tolist()
+        prompt = tuple(full + tail)
         out = expand_ids(out_seeds[i:i + 1], r.output_length, vocab_size, OUTPUT_SALT)
         output = tuple(pool[out[0]].tolist())
         requests.append(TraceRequest.unchecked(
@@ -211,7 +225,7 @@ def block_reuse_ratio(source: Workload | str | Path, block_size: int | None = No
     if by not in ("tokens", "blocks"):
         raise ValueError(f"by must be 'tokens' or 'blocks', got {by!r}")
     if block_size is not None:
-        block_size = positive_int(block_size, "block_size")
+        block_size = check_block_size(block_size)
     seqs: list[list[tuple[Any, int]]] = []
     if isinstance(source, Workload):
         bs = block_size or source.block_size or MOONCAKE_BLOCK_SIZE

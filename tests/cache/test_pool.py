@@ -216,3 +216,12 @@ def test_regression_small_batch_partial_page_free_raises():
     assert pool.available() == 4088
     pool.check_conservation([a])
     assert pool.alloc(4).tolist() == [8, 9, 10, 11]
+
+
+def test_regression_pool_too_large_for_memory_is_refused_before_allocating():
+    # --kv-capacity 1e11 used to end in a MemoryError traceback after a long wait
+    from radixkv.cache.pool import host_memory_bytes
+    slots = (host_memory_bytes() // 9 + 1) * 16           # 1 byte per slot + 8 per page of 1
+    with pytest.raises(ValueError, match=rf"a KV pool of {slots:,} slots needs .* GiB of host memory"):
+        SlotPool(slots)
+    assert SlotPool(1024).available() == 1024

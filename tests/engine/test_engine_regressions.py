@@ -22,3 +22,27 @@ def test_regression_stuck_queue_raises_instead_of_spinning():
     with pytest.raises(RuntimeError, match="1 requests never finished"):
         eng.run_until_idle()
     assert eng.steps == 0
+
+
+def test_regression_output_len_only_records_are_simulated_with_filler():
+    # simulate / compare refused a JSONL request with output_len and no output ("not scripted
+    # and the executor sampled nothing"), though the reader and replay accept it
+    from radixkv.config import EngineConfig
+    from radixkv.engine.engine import Engine, request_from_trace
+    from radixkv.sched.request import FILLER_BASE
+    from radixkv.sim.executor import SimExecutor
+    from radixkv.workloads import TraceRequest
+    trs = [TraceRequest("a", 0.0, tuple(range(40)), output_len=5),
+           TraceRequest("b", 0.1, tuple(range(40)) + (7, 8), output_len=0),
+           TraceRequest("c", 0.2, tuple(range(40)) + (9,), output=(1, 2, 3))]
+    cfg = EngineConfig(kv_capacity=512)
+    eng = Engine(cfg, cfg.cache.build(), SimExecutor.named())
+    for i, tr in enumerate(trs):
+        eng.add_request(request_from_trace(tr, i))
+    rep = eng.run_until_idle()
+    out = {r.rid: r.output for r in eng.finished}
+    assert len(out["a"]) == 5 and all(t >= FILLER_BASE for t in out["a"])
+    assert len(set(out["a"])) == 5                       # never repeated: filler never hits
+    assert out["b"] == [] and out["c"] == [1, 2, 3]
+    assert [r.cached_tokens for r in sorted(rep.records, key=lambda r: r.rid)] == [0, 40, 40]
+    eng.check_invariants()

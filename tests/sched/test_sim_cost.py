@@ -9,13 +9,14 @@ from radixkv.config import CacheConfig, SchedulerConfig
 from radixkv.sim.costmodel import CostModel
 from radixkv.sim.executor import SimExecutor
 from radixkv.sched.batch import BatchPlan, Segment
-from radixkv.sched.request import Request
+from radixkv.sched.request import FILLER_BASE, Request
 
 from ._helpers import COST, make_engine, toks
 
 
-def seg(prefix_len: int, n: int, sample: bool = True) -> Segment:
-    req = Request(f"r{prefix_len}-{n}", toks(0, prefix_len + n), 1)
+def seg(prefix_len: int, n: int, sample: bool = True, scripted: bool = True) -> Segment:
+    req = Request(f"r{prefix_len}-{n}", toks(0, prefix_len + n), 1,
+                  forced_output=() if scripted else None)
     return Segment(req, prefix_len, toks(prefix_len, n), np.arange(prefix_len + n), sample)
 
 
@@ -39,6 +40,16 @@ def test_sim_duration_is_step_time_of_the_plan(model, gpu):
     assert res.duration == pytest.approx(hand + cost.step_overhead_s, rel=1e-12)
     assert sim.run(BatchPlan(decodes=[seg(5, 1)])).duration == cost.step_time((), [5])
     assert sim.busy_s == res.duration + cost.step_time((), [5])
+
+
+def test_unscripted_requests_get_fresh_filler_ids():
+    # a trace that records only an output length: the simulated GPU "samples" filler ids,
+    # above any vocabulary and never repeated, so they never hit
+    sim = SimExecutor(COST)
+    res = sim.run(BatchPlan(extends=[seg(0, 8, scripted=False), seg(0, 4, False, False)],
+                            decodes=[seg(9, 1, scripted=False), seg(3, 1)]))
+    assert res.tokens == [FILLER_BASE, None, FILLER_BASE + 1, None]
+    assert sim.run(BatchPlan(decodes=[seg(9, 1, scripted=False)])).tokens == [FILLER_BASE + 2]
 
 
 def test_cached_prefix_costs_less_than_recomputing_it():

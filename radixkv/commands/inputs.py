@@ -1,0 +1,141 @@
+"""What a run is given, shared by the subcommands: the workload (a generator or a trace file,
+with the generator's and the readers' options) and the simulated model and GPU."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
+from radixkv.validate import positive_int, positive_number
+from radixkv.workloads import GENERATORS, Workload, load_workload, trace_format
+from radixkv.workloads.generators import KIND_NAMES
+from radixkv.workloads.traces import MOONCAKE_BLOCK_SIZE
+
+# generator option -> its flag
+_GENERATOR_FLAGS = {"rate": "--rate", "num_users": "--users", "turns": "--turns",
+                    "vocab_size": "--vocab-size"}
+
+
+def add_workload_args(p: argparse.ArgumentParser, *, positional: bool = True,
+                      default: str | None = None, vocab: bool = True,
+                      rate_default: str = "the generator's", tokenizer_help: str = "") -> None:
+    """WORKLOAD (positional unless the command names it itself) and the generator and reader
+    options."""
+    if positional:
+        p.add_argument("workload", nargs="?" if default else None, default=default,
+                       metavar="WORKLOAD",
+                       help=f"a generator ({', '.join(GENERATORS)}) or a trace file: radixkv "
+                            f"JSONL, a hash-id trace (Mooncake style) or an OpenAI chat log"
+                            + (f" (default: {default})" if default else ""))
+    g = p.add_argument_group("workload")
+    g.add_argument("--rate", type=float, metavar="R",
+                   help=f"generator arrival rate, sessions or requests per second; inf: all at "
+                        f"t=0 (default: {rate_default})")
+    g.add_argument("--users", type=int, metavar="N",
+                   help="users of the support and multiturn generators (default: the generator's)")
+    g.add_argument("--turns", type=int, metavar="N",
+                   help="turns per user of the support and multiturn generators (default: the "
+                        "generator's)")
+    if vocab:
+        g.add_argument("--vocab-size", type=int, metavar="N",
+                       help="token range of a generator or of a hash-id trace's expansion "
+                            "(default: 32000)")
+    g.add_argument("--limit", type=int, metavar="N",
+                   help="use only the first N requests (default: all)")
+    g.add_argument("--skip-bad", action="store_true",
+                   help="skip malformed trace lines instead of stopping at the first")
+    g.add_argument("--trace-block-size", type=int, metavar="N",
+                   help=f"tokens per hash id of a hash-id trace (default: {MOONCAKE_BLOCK_SIZE}, "
+                        f"Mooncake's)")
+    g.add_argument("--time-scale", type=float, metavar="X",
+                   help="multiply every arrival time by X: 0.5 sends the same requests in half "
+                        "the time (default: 1)")
+    g.add_argument("--tokenizer", metavar="PATH",
+                   help="a Hugging Face tokenizer.json, to read an OpenAI chat-log file"
+                        + tokenizer_help)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("simulated hardware")
+    g.add_argument("--model", default="llama-3-8b", choices=sorted(MODEL_SPECS), metavar="NAME",
+                   help=f"model of the cost model and its KV bytes per token: "
+                        f"{', '.join(sorted(MODEL_SPECS))} (default: llama-3-8b)")
+    g.add_argument("--gpu", default="h100-sxm", choices=sorted(GPU_SPECS), metavar="NAME",
+                   help=f"GPU of the cost model: {', '.join(sorted(GPU_SPECS))} "
+                        f"(default: h100-sxm)")
+
+
+def _kind(spec: str) -> str:
+    """"generator", or the trace_format of an existing file."""
+    if spec in GENERATORS:
+        return "generator"
+    if not Path(spec).is_file():
+        raise FileNotFoundError(f"{spec!r} is neither a generator ({', '.join(GENERATORS)}) "
+                                f"nor an existing trace file")
+    return trace_format(spec)
+
+
+def _what(spec: str, kind: str) -> str:
+    return f"the generator {spec!r}" if kind == "generator" else \
+        f"{spec!r} (a {KIND_NAMES.get(kind, kind)})"
+
+
+def load_from_args(args: argparse.Namespace, *, generator_defaults: dict | None = None,
+                   vocab_size: int | None = None, tokenizer: Any = None,
+                   seed_for_traces: bool = True) -> Workload:
+    """The workload args.workload names, with the options given. `vocab_size` is the token
+    range of a generator or a hash-id trace when --vocab-size is not given; `tokenizer`, when
+    the command has one anyway, reads an OpenAI chat log (else --tokenizer is loaded for it
+    and refused for any other workload); --seed of a command without a scheduler
+    (seed_for_traces=False) applies to generators only. Refuses an option that does not apply
+    and a workload without requests."""
+    spec = args.workload
+    limit = None if args.limit is None else positive_int(args.limit, "--limit")
+    kind = _kind(spec)
+    gen = {k: getattr(args, a) for k, a in (("rate", "rate"), ("num_users", "users"),
+                                            ("turns", "turns"), ("vocab_size", "vocab_size"))
+           if getattr(args, a, None) is not None}
+    if args.trace_block_size is not None and kind != "hash_ids":
+        raise ValueError(f"--trace-block-size applies to hash-id traces, not to "
+                         f"{_what(spec, kind)}")
+    if args.tokenizer is not None and tokenizer is None and kind != "openai_chat":
+        raise ValueError(f"--tokenizer applies to OpenAI chat logs, not to {_what(spec, kind)}")
+    vocab = {} if vocab_size is None else {"vocab_size": vocab_size}
+    if kind == "generator":
+        if spec not in ("support", "multiturn"):
+            for k in ("num_users", "turns"):
+                if k in gen:
+                    raise ValueError(f"{_GENERATOR_FLAGS[k]} applies to the support and "
+                                     f"multiturn generators, not to {spec!r}")
+        if args.seed is not None:
+            gen["seed"] = args.seed
+        kw = {**(generator_defaults or {}), **vocab, **gen}
+    else:
+        if args.seed is not None and not seed_for_traces:
+            raise ValueError(f"--seed applies to generators, not to {_what(spec, kind)}")
+        for k in gen:
+            if not (k == "vocab_size" and kind == "hash_ids"):
+                also = " and hash-id traces" if k == "vocab_size" else ""
+                raise ValueError(f"{_GENERATOR_FLAGS[k]} applies to generators{also}, not to "
+                                 f"{_what(spec, kind)}")
+        kw = {"skip_bad": args.skip_bad}
+        if kind == "hash_ids":
+            if args.trace_block_size is not None:
+                positive_int(args.trace_block_size, "--trace-block-size")
+            kw.update(vocab, **gen, block_size=args.trace_block_size, limit=limit)
+        elif kind == "openai_chat":
+            if tokenizer is None and args.tokenizer is not None:
+                from radixkv.model.tokenizer import load_tokenizer
+                tokenizer = load_tokenizer(args.tokenizer)
+            kw["tokenizer"] = tokenizer             # None: the reader asks for --tokenizer
+    w = load_workload(spec, **kw)
+    if limit is not None and len(w) > limit:
+        w = Workload(w.name, w.requests[:limit], w.skipped, w.block_size, w.meta)
+    if args.time_scale is not None:
+        w = w.scaled(positive_number(args.time_scale, "--time-scale"))
+    if not len(w):
+        skipped = f" ({w.skipped:,} bad lines skipped)" if w.skipped else ""
+        raise ValueError(f"workload {spec!r} has no requests{skipped}")
+    return w
+
