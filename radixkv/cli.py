@@ -13,7 +13,7 @@ from importlib import import_module
 
 from radixkv import __version__
 
-COMMANDS = ("compare", "simulate", "replay", "generate")
+COMMANDS = ("compare", "simulate", "replay", "generate", "sweep")
 
 
 class Parser(argparse.ArgumentParser):

@@ -47,17 +47,24 @@ class CacheConfig:
     hash_algo: str = field(default="sha256", metadata=_flag(
         "--prefix-caching-hash-algo", "block hash of the blockhash cache and of KV events",
         "--hash", choices="radixkv.cache.events:HASH_ALGOS", caches=("blockhash",)))
+    evict_granularity: str = field(default="page", metadata=_flag(   # blockhash: blocks are pages
+        "--evict-granularity", "what one radix eviction removes (node: whole least-recent "
+        "leaves, which may free more than asked; page: exactly the pages asked for, trimmed "
+        "from the end of the least-recent leaf)", choices="radixkv.cache.radix:EVICT_GRANULARITIES",
+        caches=("radix",)))
     enable_events: bool = False
 
     def __post_init__(self):
         from radixkv.cache.events import HASH_ALGOS
         from radixkv.cache.factory import CACHES
         from radixkv.cache.policies import EVICTION_POLICIES
+        from radixkv.cache.radix import EVICT_GRANULARITIES
         _choice(self, "kind", "cache", CACHES)
         positive_int(self.page_size, "CacheConfig.page_size")     # the cache's own wording
         _ints(self, "slru_threshold")
         _choice(self, "eviction", "eviction policy", EVICTION_POLICIES)
         _choice(self, "hash_algo", "hash", HASH_ALGOS)
+        _choice(self, "evict_granularity", "evict granularity", EVICT_GRANULARITIES)
         if self.kind == "blockhash" and self.eviction != "lru":
             raise ValueError(f"blockhash caches evict in LRU order only, got eviction={self.eviction!r}")
 
@@ -68,7 +75,7 @@ class CacheConfig:
             params = {"threshold": self.slru_threshold} if self.eviction == "slru" else {}
             return make_cache("radix", page_size=self.page_size, eviction_policy=self.eviction,
                               enable_events=self.enable_events, hash_algo=self.hash_algo,
-                              **params, **extra)
+                              evict_granularity=self.evict_granularity, **params, **extra)
         if self.kind == "blockhash":
             return make_cache("blockhash", block_size=self.page_size, hash_algo=self.hash_algo,
                               enable_events=self.enable_events)
@@ -78,7 +85,8 @@ class CacheConfig:
     def label(self) -> str:
         """The label the built cache reports: "radix p1 lru", "blockhash b16 sha256", "none"."""
         from radixkv.cache.factory import CACHES
-        return CACHES.get(self.kind).describe(self.page_size, self.eviction, self.hash_algo)
+        return CACHES.get(self.kind).describe(self.page_size, self.eviction, self.hash_algo,
+                                              self.evict_granularity)
 
 
 @dataclass(frozen=True)

@@ -79,12 +79,26 @@ def pool_size(requests: Iterable[TraceRequest], page_size: int, capacity: int | 
     return slots
 
 
+def computed_output(r: TraceRequest, filler: int) -> tuple[Any, int]:
+    """The output tokens whose KV a serving engine computes for `r`, and the filler counter
+    after them. A recorded output is scripted: every token is fed back (the stop follows it).
+    A record with only a length gets filler ids (above any vocabulary, never repeated), as the
+    simulated GPU samples them; the last sampled token is never fed back, so output_len - 1 of
+    them have KV."""
+    if r.output is not None:
+        return r.output, filler
+    n = max(r.output_len - 1, 0)
+    return (FILLER_BASE + (filler + np.arange(n)) % FILLER_BASE).astype(np.uint32), filler + n
+
+
 def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int | None = None,
-           *, check: bool = False, progress: Callable[[int], Any] | None = None) -> ReplayStats:
+           *, check: bool = False, progress: Callable[[int], Any] | None = None,
+           on_admit: Callable[[int], Any] | None = None) -> ReplayStats:
     """Replay `requests` (a Workload or any iterable of TraceRequest, in arrival order)
     through `cache` (reset first). `check=True` asserts the cache invariants and slot
     conservation after every request; `progress(n)` is called with the requests done so far
-    every 64 requests and at the end."""
+    every 64 requests and at the end; `on_admit(i)` once request i holds its prompt's slots,
+    where the engine's scheduler reports an admission (a belady oracle follows it)."""
     reqs = list(requests)
     ps = cache.page_size
     slots_total = pool_size(reqs, ps, capacity)
@@ -95,16 +109,15 @@ def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int |
     wall0, cpu0 = time.perf_counter(), time.process_time()
     for i, r in enumerate(reqs):
         key = RadixKey(r.prompt, r.extra_key, r.cache_salt)
-        out: Any = r.output
-        if out is None:
-            out = (FILLER_BASE + (filler + np.arange(r.output_len)) % FILLER_BASE).astype(np.uint32)
-            filler += r.output_len
+        out, filler = computed_output(r, filler)
         req = CacheReq(key, priority=r.priority)
         hit = mgr.admit(req, key[:-1], len(key))          # match, lock, slots for the prompt
         if hit is None:
             raise ValueError(f"capacity {slots_total:,} tokens is smaller than one request: "
                              f"{r.id!r} needs {len(key) - mgr.peek(key[:-1]).prefix_len:,} "
                              f"more beyond its cached prefix, and nothing more is evictable")
+        if on_admit is not None:
+            on_admit(i)
         if len(out):
             mgr.cache_req(req, finished=False)            # prefilled: the prompt is shared
             req.key = key + out                           # decoded: slots for the output

@@ -1,5 +1,7 @@
 """Run workloads through the engine on a simulated GPU: one configuration, or several side by
-side on the same arrivals (`compare`)."""
+side on the same arrivals (`compare`). Open loop, requests arrive at the trace's times; closed
+loop (`max_concurrency`), N clients each send their next request when the previous one
+finishes (radixkv.engine.clients)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -7,6 +9,7 @@ from typing import Callable, Sequence
 
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
 from radixkv.sim.costmodel import CostModel
+from radixkv.engine.clients import ClosedLoop
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.sim.executor import SimExecutor
 from radixkv.engine.metrics import EngineReport
@@ -19,18 +22,31 @@ def build_requests(workload) -> list[Request]:
 
 
 def run_config(workload, cfg: EngineConfig, cost: CostModel,
-               progress: Callable[[int], object] | None = None) -> EngineReport:
-    """Simulate one configuration on a workload; a fresh cache, pool and scheduler each time."""
+               progress: Callable[[int], object] | None = None,
+               max_concurrency: int | None = None) -> EngineReport:
+    """Simulate one configuration on a workload; a fresh cache, pool and scheduler each time.
+    `max_concurrency` N: closed loop, N clients in place of the arrival times."""
     reqs = build_requests(workload)
     on_admit, extra = None, {}
     if cfg.cache.eviction == "belady":
+        # The oracle's future is the order of Request.index, the trace order. Open loop, that
+        # is the arrival order. Closed loop, the arrival order is only known as the run goes;
+        # each client sends its requests in trace order and the clients advance through the
+        # trace together, so trace order is the oracle's estimate of it: exact per client,
+        # approximate across clients (a fast client may run ahead of a slow one).
         oracle = FutureOracle(reqs, cfg.cache.page_size)
         on_admit, extra = oracle.admitted, {"oracle": oracle, "clock": _logical_clock()}
     else:
         extra = {"clock": _logical_clock()} if cfg.cache.kind == "radix" else {}
-    engine = Engine(cfg, cfg.cache.build(**extra), SimExecutor(cost), on_admit=on_admit)
-    for r in reqs:
-        engine.add_request(r)
+    loop = None if max_concurrency is None else \
+        ClosedLoop(reqs, [tr.session for tr in workload], max_concurrency)
+    engine = Engine(cfg, cfg.cache.build(**extra), SimExecutor(cost), on_admit=on_admit,
+                    on_finish=None if loop is None else loop.finished)
+    if loop is None:
+        for r in reqs:
+            engine.add_request(r)
+    else:
+        loop.start(engine)
     return engine.run_until_idle(progress=progress)
 
 
@@ -93,9 +109,11 @@ def _design_name(cache: CacheConfig, policy: str) -> str:
 
 
 def compare(workload, configs: Sequence[Named], cost: CostModel,
-            progress: Callable[[str, int], object] | None = None) -> list[tuple[Named, EngineReport]]:
+            progress: Callable[[str, int], object] | None = None,
+            max_concurrency: int | None = None) -> list[tuple[Named, EngineReport]]:
     out = []
     for nc in configs:
         cb = (lambda k, n=nc.name: progress(n, k)) if progress else None
-        out.append((nc, run_config(workload, nc.cfg.with_(name=nc.name), cost, cb)))
+        out.append((nc, run_config(workload, nc.cfg.with_(name=nc.name), cost, cb,
+                                   max_concurrency)))
     return out

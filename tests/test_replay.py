@@ -114,7 +114,10 @@ def test_build_cache_names():
         CacheConfig("lru")
     with pytest.raises(ValueError, match="unknown eviction policy 'old'"):
         CacheConfig("radix", eviction="old")
+    assert CacheConfig("radix").label == "radix p1 lru"               # page eviction: the default
+    assert CacheConfig("radix", evict_granularity="node").label == "radix p1 lru node-evict"
     for cfg in (CacheConfig("radix", 4, "lfu"), CacheConfig("blockhash", 8, hash_algo="xxhash"),
+                CacheConfig("radix", 16, "slru", evict_granularity="page"),
                 CacheConfig("none"), CacheConfig("none", 2)):
         assert cfg.label == cfg.build().label
 

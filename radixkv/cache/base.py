@@ -139,9 +139,11 @@ class PrefixCache(ABC):
         return {}
 
     @classmethod
-    def describe(cls, page_size: int, eviction: str, hash_algo: str) -> str:
-        """Name plus the options that matter to this variant: "radix p1 lru", "blockhash b16
-        sha256", "none" (CacheConfig.label uses it before any cache is built)."""
+    def describe(cls, page_size: int, eviction: str, hash_algo: str,
+                 evict_granularity: str = "node") -> str:
+        """Name plus the options that matter to this variant: "radix p1 lru", "radix p1 lru
+        node-evict", "blockhash b16 sha256", "none" (CacheConfig.label uses it before any cache
+        is built)."""
         return cls.name if page_size == 1 else f"{cls.name} p{page_size}"
 
     @property
@@ -169,6 +171,12 @@ class PrefixCache(ABC):
         """True when a pure-read match that ended at `node` with `stamp` would still return the
         same answer, so a memo may reuse it. The default never reuses: ask again."""
         return False
+
+    def lock_cost(self, key: RadixKey, node: Any, prefix_len: int) -> int:
+        """Tokens that locking a splitting match of `key` would move from evictable to
+        protected, given its pure read (`node`, `prefix_len`); a pure read. The default, the
+        whole prefix, never understates."""
+        return prefix_len
 
     def tree_root(self) -> Any:
         """The root of the cache's prefix tree, or None when it has no tree to walk."""

@@ -251,6 +251,10 @@ class BlockHashCache(PrefixCache):
     def _chain(self, ids: np.ndarray) -> Chain:
         return Chain(self, ids, self._serial[ids], self._drops)
 
+    def lock_cost(self, key: RadixKey, chain, prefix_len: int) -> int:
+        # the hit blocks at ref 0 sit in the free queue (evictable) until locked
+        return int((self._ref[chain.ids] == 0).sum()) * self.block_size if len(chain) else 0
+
     def match_stamp(self, chain) -> int:
         return self._version
 
@@ -484,7 +488,8 @@ class BlockHashCache(PrefixCache):
     num_entries = num_blocks
 
     @classmethod
-    def describe(cls, page_size: int, eviction: str, hash_algo: str) -> str:
+    def describe(cls, page_size: int, eviction: str, hash_algo: str,
+                 evict_granularity: str = "node") -> str:
         return f"{cls.name} b{page_size} {hash_algo}"         # evicts in LRU order only
 
     @property

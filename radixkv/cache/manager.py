@@ -79,21 +79,25 @@ class CacheManager:
         """Match `key` (splitting), lock the hit, and give `req` slots for its first `upto`
         tokens — [cached prefix | new], new rounded up to whole pages — while `reserve` slots
         stay spare for others. Returns the cached prefix length, or None when memory is short;
-        then nothing changed (a request refused on the pure-read check is not even touched)."""
+        then nothing changed: the refusal is decided on a pure read."""
         if id(req) in self._holders:
             raise ValueError(f"{req!r} already holds slots: admit it once")
         count(upto, "admit upto")
         count(reserve, "admit reserve")
         ps = self.page_size
-        if round_up(upto, ps) + reserve > self.budget():  # may not fit: decide on a pure read
-            p, _ = self.cached_prefix(req, key)
-            if round_up(upto, ps) - p + reserve > self.budget():
+        if round_up(upto, ps) + reserve > self.budget():
+            # may not fit: decide on the pure read, counting what locking the hit would take
+            # out of the evictable budget, so a refusal touches nothing (no split, no hit
+            # counted, no access refreshed)
+            p, node = self.cached_prefix(req, key)
+            cost = self.cache.lock_cost(key, node, p)
+            if round_up(upto, ps) - p + reserve > self.budget() - cost:
                 return None
         m = self.cache.match_prefix(key, split=True)        # the one splitting match
         self.cache.inc_lock_ref(m.last_node)
         need = max(round_up(upto, ps) - m.prefix_len, 0)
-        if need + reserve > self.budget():                   # the lock may have shrunk evictable
-            self.cache.dec_lock_ref(m.last_node)
+        if need + reserve > self.budget():                   # only a cache whose lock_cost
+            self.cache.dec_lock_ref(m.last_node)             # understates gets here
             return None
         new = self.alloc(need)
         req.slots = np.concatenate([m.slots, new]) if m.prefix_len else new
@@ -155,7 +159,11 @@ class CacheManager:
     def release(self, req, insert: bool = False) -> None:
         """Take everything back from a request leaving without finishing (retraction, abort).
         With insert=True its computed KV enters the cache first, so a re-admission can hit."""
-        self._check_share(req)
+        if insert:
+            self._check_share(req)
+        else:                                        # nothing is inserted: the key is not read
+            self._check_holder(req)
+            self.cache.check_lock(req.last_node)
         if insert:
             self.cache_req(req, finished=False)
         self._drop(req)

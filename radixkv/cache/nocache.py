@@ -43,6 +43,9 @@ class NoCache(PrefixCache):
     def _dec_lock(self, node) -> None:
         return None
 
+    def lock_cost(self, key: RadixKey, node, prefix_len: int) -> int:
+        return 0
+
     def evictable_size(self) -> int:
         return 0
 

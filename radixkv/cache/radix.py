@@ -8,6 +8,13 @@ key: a node is (re)pushed whenever it becomes a candidate or its key changes, an
 entries are skipped on pop. One evict call costs O(k log n) for k evicted nodes, whatever
 the cache size (the heap is rebuilt from the live candidates once it holds more than twice
 as many entries as the tree has nodes, plus a constant).
+
+Eviction granularity: "node" (SGLang's) removes whole leaves until at least the asked tokens
+are free, so one call may free a long edge for a few tokens. "page" frees exactly the pages
+asked for: when the least-recent leaf holds more pages than are still needed, the needed pages
+are trimmed from the end of its edge and the node stays, shorter, with the same sort key.
+Under LRU the cache then holds exactly its most recent pages, deeper pages of an edge going
+before shallower ones.
 """
 from __future__ import annotations
 
@@ -23,6 +30,9 @@ from radixkv.cache.events import KVEvent, chain_hash, check_hash_algo
 from radixkv.cache.key import RadixKey
 from radixkv.cache.policies import make_sort_key
 from radixkv.cache.pool import EMPTY_SLOTS
+from radixkv.validate import choice
+
+EVICT_GRANULARITIES = ("node", "page")     # what one eviction step removes: a leaf, or pages
 
 _ids = itertools.count()
 _versions = itertools.count(1)     # heap-entry versions, unique across nodes: ties never compare nodes
@@ -68,8 +78,10 @@ class RadixCache(PrefixCache):
 
     def __init__(self, page_size: int = 1, eviction_policy: str = "lru",
                  clock: Callable[[], float] = time.monotonic, enable_events: bool = False,
-                 hash_algo: str = "sha256", **policy_params):
+                 hash_algo: str = "sha256", evict_granularity: str = "node", **policy_params):
+        choice(evict_granularity, "evict granularity", EVICT_GRANULARITIES)
         super().__init__(page_size)
+        self.evict_granularity = evict_granularity
         self.clock, self.eviction_policy = clock, eviction_policy
         self.sort_key = make_sort_key(eviction_policy, **policy_params)
         self.enable_events, self.hash_algo = enable_events, check_hash_algo(hash_algo)
@@ -101,12 +113,15 @@ class RadixCache(PrefixCache):
     num_entries = num_nodes
 
     @classmethod
-    def describe(cls, page_size: int, eviction: str, hash_algo: str) -> str:
-        return f"radix p{page_size} {eviction}"
+    def describe(cls, page_size: int, eviction: str, hash_algo: str,
+                 evict_granularity: str = "node") -> str:
+        # the configured default (page) goes unsaid; SGLang's whole-leaf eviction is named
+        return f"radix p{page_size} {eviction}" + (" node-evict" if evict_granularity == "node" else "")
 
     @property
     def label(self) -> str:
-        return self.describe(self.page_size, self.eviction_policy, self.hash_algo)
+        return self.describe(self.page_size, self.eviction_policy, self.hash_algo,
+                             self.evict_granularity)
 
     def _child_key(self, parent: TreeNode, key: RadixKey, pos: int):
         ck = key.page(pos // self.page_size, self.page_size)
@@ -236,24 +251,51 @@ class RadixCache(PrefixCache):
 
     # ---- evict ----------------------------------------------------------------------------
     def _evict(self, num_tokens: int) -> np.ndarray:
+        ps = self.page_size
+        trim = self.evict_granularity == "page"
+        need = -(-num_tokens // ps) * ps if trim else num_tokens   # page: whole pages, no more
         freed, total = [], 0
-        while total < num_tokens and self._heap:  # not a local alias: _push may compact (replace) it
-            *_, hv, n = heapq.heappop(self._heap)
-            if hv != n.hv or not self._is_candidate(n):
+        while total < need and self._heap:        # not a local alias: _push may compact (replace) it
+            entry = heapq.heappop(self._heap)
+            n = entry[-1]
+            if entry[-2] != n.hv or not self._is_candidate(n):
                 continue                          # stale entry
+            L = len(n.key)
+            if trim and L > need - total:
+                self._trim(n, L - (need - total), freed)
+                # the edge's first page, bookkeeping and id are unchanged, so is its sort key:
+                # the same entry goes back and the node stays the next candidate
+                heapq.heappush(self._heap, entry)
+                break
             parent = n.parent
             del parent.children[self._child_key(parent, n.key, 0)]
             n.parent = None
             parent.cv += 1
             self._num_nodes -= 1
-            self._evictable -= len(n.key)
-            total += len(n.key)
+            self._evictable -= L
+            total += L
             freed.append(n.value)
             if self.enable_events:
                 self._events.extend(KVEvent("removed", h, namespace=n.key.namespace) for h in n.hashes)
             if self._is_candidate(parent):        # a dead branch cascades within this call
                 self._push(parent)
         return np.concatenate(freed) if freed else EMPTY_SLOTS
+
+    def _trim(self, n: TreeNode, keep: int, freed: list) -> None:
+        """Drop the pages of leaf `n`'s edge after its first `keep` tokens (a page multiple)."""
+        ps = self.page_size
+        freed.append(n.value[keep:])
+        self._evictable -= len(n.key) - keep
+        n.key, n.value = n.key[:keep], n.value[:keep]
+        if n.hashes is not None:
+            if self.enable_events:
+                self._events.extend(KVEvent("removed", h, namespace=n.key.namespace)
+                                    for h in n.hashes[keep // ps:])
+            del n.hashes[keep // ps:]
+        # a pure-read match that ended at `n`, or at its parent partway into this edge, would
+        # now answer less: both stamps must go stale
+        n.cv += 1
+        n.parent.cv += 1
 
     # ---- locks ----------------------------------------------------------------------------
     def _inc_lock(self, node: TreeNode) -> None:
@@ -303,6 +345,19 @@ class RadixCache(PrefixCache):
         # reset), or its children changed
         return (stamp[0] == self.epoch and stamp[1] == node.cv
                 and (node.parent is not None or node is self.root))
+
+    def lock_cost(self, key: RadixKey, node: TreeNode, prefix_len: int) -> int:
+        # unlocked nodes on the path, plus the part of a partly matched edge below `node`
+        # (a pure read stops at the parent of the edge a splitting match would cut)
+        cost, depth, n = 0, 0, node
+        while n is not self.root:
+            depth += len(n.key)
+            cost += len(n.key) if n.lock_ref == 0 else 0
+            n = n.parent
+        if prefix_len > depth:
+            child = node.children.get(self._child_key(node, key, depth))
+            cost += prefix_len - depth if child is not None and child.lock_ref == 0 else 0
+        return cost
 
     def tree_root(self) -> TreeNode:
         return self.root

@@ -12,7 +12,8 @@ from rich.table import Table
 
 from radixkv.commands.flags import (add_config_flags, check_pool, configs_from_args,
                                     parse_config_spec)
-from radixkv.commands.inputs import add_model_args, add_workload_args, load_from_args
+from radixkv.commands.inputs import (add_concurrency_arg, add_model_args, add_workload_args,
+                                     concurrency_from_args, load_from_args)
 from radixkv.commands.output import (Outputs, check_dir_target, console, engine_row, metadata,
                                      pct, progress_bar, seconds, workload_info)
 from radixkv.plot import plot_compare, plot_timeline
@@ -32,6 +33,7 @@ def register(subparsers: Any) -> None:
     add_workload_args(p, default=REFERENCE.workload,
                       rate_default=f"{REFERENCE.rate:g} for {REFERENCE.workload}, else the "
                                    f"generator's")
+    add_concurrency_arg(p)
     add_model_args(p)
     add_config_flags(p, caches=None, scheduler=True,
                      max_total_tokens=str(REFERENCE.max_total_tokens))
@@ -46,6 +48,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_dir_target(args.out, "--out")
+    clients = concurrency_from_args(args)
     bpt = MODEL_SPECS[args.model].kv_bytes_per_token_per_gpu
     rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=REFERENCE.max_total_tokens)
     capacity = rc.max_total_tokens
@@ -63,19 +66,24 @@ def run(args: argparse.Namespace) -> int:
     con = console()
     rate = wl.meta.get("rate")
     gib = capacity * bpt / 2**30
+    load = (f" over {wl.duration:.0f} s" + (f" (rate {rate:g}/s)" if rate else "")
+            if clients is None else f"; closed loop, {clients} clients")
     con.print(f"workload [bold]{wl.name}[/]: {len(wl)} requests, {wl.num_prompt_tokens:,} prompt "
-              f"tokens over {wl.duration:.0f} s" + (f" (rate {rate:g}/s)" if rate else ""))
+              f"tokens{load}")
     con.print(f"simulated {args.model} on {args.gpu}: KV pool {capacity:,} tokens "
               f"({gib:.1f} GiB); {len(configs)} configurations")
 
     t0 = time.perf_counter()
     with progress_bar(con) as bar:
         tasks = {nc.name: bar.add_task(nc.name, total=len(wl)) for nc in configs}
-        results = compare(wl, configs, cost, progress=lambda name, k: bar.advance(tasks[name], k))
+        results = compare(wl, configs, cost, progress=lambda name, k: bar.advance(tasks[name], k),
+                          max_concurrency=clients)
     named = [(nc.name, rep) for nc, rep in results]
     rows = [rep.summary() for _, rep in named]
 
-    title = f"{wl.name}: {len(wl)} requests, KV {capacity:,} tokens, {args.model} on {args.gpu}"
+    loop = "" if clients is None else f", {clients} clients"
+    title = f"{wl.name}: {len(wl)} requests{loop}, KV {capacity:,} tokens, {args.model} on " \
+            f"{args.gpu}"
     table = Table(title=title)
     for col in ("config", "hit rate", "prefill tok", "TTFT p50", "TTFT p99", "E2E p50",
                 "E2E p99", "out tok/s", "evicted tok", "retractions"):
@@ -92,9 +100,11 @@ def run(args: argparse.Namespace) -> int:
     with Outputs() as out:
         out.write_json(paths[0], metadata(workload_info(wl, args.workload), model=args.model,
                                           gpu=args.gpu, max_total_tokens=capacity,
-                                          results=[engine_row(r) for r in rows]))
-        plot_title = f"{wl.name} · {len(wl)} requests · KV {capacity:,} tokens · " \
-                     f"{args.model} on {args.gpu}"
+                                          results=[engine_row(r) for r in rows],
+                                          max_concurrency=clients))
+        plot_title = f"{wl.name} · {len(wl)} requests · " + \
+                     ("" if clients is None else f"{clients} clients · ") + \
+                     f"KV {capacity:,} tokens · {args.model} on {args.gpu}"
         plot_compare(named, out.path(paths[1]), plot_title)
         plot_timeline(named, out.path(paths[2]), plot_title)
     con.print(f"wrote {', '.join(map(str, paths))} in {time.perf_counter() - t0:.0f} s")

@@ -66,6 +66,28 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         f"(default: h100-sxm)")
 
 
+def add_concurrency_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-concurrency", type=int, metavar="N",
+                   help="closed loop: N clients, each sending its next request in trace order "
+                        "when its previous one finishes (a session stays on one client), in "
+                        "place of the arrival times (default: open loop, the arrival times)")
+
+
+def concurrency_from_args(args: argparse.Namespace) -> int | None:
+    """--max-concurrency, checked: None for open loop. Refuses the options that only set
+    arrival times, which the closed loop replaces (the order of a generator's requests does
+    not depend on its rate)."""
+    n = args.max_concurrency
+    if n is None:
+        return None
+    n = positive_int(n, "--max-concurrency")
+    for flag, value in (("--rate", args.rate), ("--time-scale", args.time_scale)):
+        if value is not None:
+            raise ValueError(f"{flag} sets arrival times, which --max-concurrency replaces; "
+                             f"give one or the other")
+    return n
+
+
 def _kind(spec: str) -> str:
     """"generator", or the trace_format of an existing file."""
     if spec in GENERATORS:

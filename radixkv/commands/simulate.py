@@ -8,7 +8,8 @@ from typing import Any
 from rich.table import Table
 
 from radixkv.commands.flags import add_config_flags, check_pool, configs_from_args
-from radixkv.commands.inputs import add_model_args, add_workload_args, load_from_args
+from radixkv.commands.inputs import (add_concurrency_arg, add_model_args, add_workload_args,
+                                     concurrency_from_args, load_from_args)
 from radixkv.commands.output import (Outputs, advance_by, check_file_target, console,
                                      engine_row, metadata, pct, progress_bar, unit_of,
                                      workload_info)
@@ -27,6 +28,7 @@ def register(subparsers: Any) -> None:
     add_workload_args(p, default=REFERENCE.workload,
                       rate_default=f"{REFERENCE.rate:g} for {REFERENCE.workload}, else the "
                                    f"generator's")
+    add_concurrency_arg(p)
     add_model_args(p)
     add_config_flags(p, caches="one", scheduler=True,
                      max_total_tokens=str(REFERENCE.max_total_tokens))
@@ -51,6 +53,7 @@ def _cell(key: str, v: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_file_target(args.json, "--json")
+    clients = concurrency_from_args(args)
     bpt = MODEL_SPECS[args.model].kv_bytes_per_token_per_gpu
     rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=REFERENCE.max_total_tokens)
     cfg = rc.engine(rc.caches[0])
@@ -59,10 +62,12 @@ def run(args: argparse.Namespace) -> int:
     cost = CostModel.named(args.model, args.gpu)
     con = console()
     with progress_bar(con) as bar:
-        rep = run_config(wl, cfg, cost, progress=advance_by(bar, cfg.label, len(wl)))
+        rep = run_config(wl, cfg, cost, progress=advance_by(bar, cfg.label, len(wl)),
+                         max_concurrency=clients)
     s = rep.summary()
-    table = Table(title=f"{cfg.label} · {wl.name} ({len(wl)} requests) · KV {cfg.kv_capacity:,} "
-                        f"tokens · {args.model} on {args.gpu}")
+    loop = "" if clients is None else f" · {clients} clients"
+    table = Table(title=f"{cfg.label} · {wl.name} ({len(wl)} requests){loop} · KV "
+                        f"{cfg.kv_capacity:,} tokens · {args.model} on {args.gpu}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in s.items():
@@ -72,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         with Outputs() as out:
             out.write_json(args.json, metadata(workload_info(wl, args.workload), model=args.model,
                                                gpu=args.gpu, max_total_tokens=cfg.kv_capacity,
-                                               results=[engine_row(s)]))
+                                               results=[engine_row(s)],
+                                               max_concurrency=clients))
         con.print(f"wrote {args.json}")
     return 0

@@ -34,11 +34,16 @@ def request_from_trace(tr, index: int, sampling=None, max_new_tokens: int | None
 
 class Engine:
     def __init__(self, config: EngineConfig, cache: PrefixCache, executor: Executor,
-                 on_admit: Callable[[Request], object] | None = None):
+                 on_admit: Callable[[Request], object] | None = None,
+                 on_finish: Callable[[Request], object] | None = None):
+        """`on_finish(req)` runs as each request finishes, with `now` its finish time; it may
+        add requests (a closed-loop client sends its next one), which arrive no earlier than
+        `now` and so are queued at the next step."""
         self.config, self.cache, self.executor = config, cache, executor
         self.pool = SlotPool(config.kv_capacity, cache.page_size)
         self.manager = CacheManager(cache, self.pool)
         self.sched = Scheduler(config.sched, self.manager, on_admit=on_admit)
+        self.on_finish = on_finish
         self.now = 0.0
         self.requests: list[Request] = []
         self.finished: list[Request] = []
@@ -46,12 +51,16 @@ class Engine:
         self.steps = 0
         self.timeline: dict[str, list] = {"t": [], "waiting": [], "running": [], "kv_used": []}
 
-    def add_request(self, req: Request) -> Request:
+    def check_fits(self, req: Request) -> None:
+        """Refuse a request the whole pool could not hold."""
         need = round_up(req.prompt_len + req.max_new_tokens, self.pool.page_size)
         if need > self.config.kv_capacity:
             raise ValueError(f"request {req.rid!r} needs {need} KV slots (prompt {req.prompt_len} "
                              f"+ up to {req.max_new_tokens} new) but kv_capacity is "
                              f"{self.config.kv_capacity}")
+
+    def add_request(self, req: Request) -> Request:
+        self.check_fits(req)
         heapq.heappush(self._arrivals, (req.arrival, len(self.requests), req))
         self.requests.append(req)
         return req
@@ -74,6 +83,8 @@ class Engine:
         for req in self.sched.process(plan, result, self.now):
             self.finished.append(req)
             self.executor.release(req.rid)
+            if self.on_finish is not None:
+                self.on_finish(req)
         self.steps += 1
         tl = self.timeline
         tl["t"].append(self.now)

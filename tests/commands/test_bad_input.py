@@ -185,7 +185,8 @@ def test_generate_bad_options(argv, line, capsys):
     ("b:page-size=x", "config key 'page-size' in 'b:page-size=x': bad value 'x': expected an int"),
     ("b:colour=red", "unknown config key 'colour' in 'b:colour=red'; keys: cache, page-size, "
                      "block-size, radix-eviction-policy, slru-threshold, "
-                     "prefix-caching-hash-algo, schedule-policy, max-prefill-tokens, "
+                     "prefix-caching-hash-algo, evict-granularity, schedule-policy, "
+                     "max-prefill-tokens, "
                      "chunked-prefill-size, max-running-requests, disable-inbatch-dedup, "
                      "inbatch-dedup-check-threshold, inbatch-dedup-hold-threshold, "
                      "lpm-fallback-threshold, retract-policy, retract-insert, "

@@ -13,7 +13,7 @@ from radixkv.commands.output import JSON_KEYS, UNITS, Outputs, units_of, unit_of
 
 from ._helpers import SMALL, hash_id_trace, run
 
-TOP = ["radixkv_version", "workload", "model", "gpu", "max_total_tokens", "units", "results"]
+TOP = ["radixkv_version", "workload", "model", "gpu", "max_total_tokens", "max_concurrency", "units", "results"]
 
 
 @pytest.fixture(autouse=True)

@@ -100,7 +100,7 @@ def test_engine_belady_keeps_what_will_be_reused(eviction, hits, evicted):
     # B is never used again (Belady evicts it); LRU evicts A, the oldest, which r4 needed,
     # and r4's 50 tokens then need B's room too
     reqs = scripted([A, B, C, D, A + toks(5000, 10), C + toks(6000, 10)], spacing=10.0)
-    eng = make_engine(150, CacheConfig("radix", 1, eviction),
+    eng = make_engine(150, CacheConfig("radix", 1, eviction, evict_granularity="node"),
                       SchedulerConfig(chunked_prefill_size=0), check=True, requests=reqs)
     for r in reqs:
         eng.add_request(r)

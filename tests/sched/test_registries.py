@@ -40,7 +40,7 @@ def test_a_registered_queue_order_orders_admission(shortest_prompt_first):
 
 
 def test_a_registered_eviction_order_chooses_the_victims(longest_edge_first):
-    eng = make_engine(64, CacheConfig("radix", 1, longest_edge_first),
+    eng = make_engine(64, CacheConfig("radix", 1, longest_edge_first, evict_granularity="node"),
                       SchedulerConfig(chunked_prefill_size=0, max_running_requests=1))
     s = eng.sched
     warm(s, toks(0, 10))

@@ -93,7 +93,7 @@ def test_regression_decode_retracting_everything_is_not_a_stuck_queue():
     never finished"). The retraction freed memory: the chunk goes on in the same round."""
     sched = SchedulerConfig(chunked_prefill_size=8, init_new_token_ratio=0.0,
                             min_new_token_ratio=0.0)
-    eng = make_engine(56, CacheConfig(), sched, check=True)
+    eng = make_engine(56, CacheConfig(evict_granularity="node"), sched, check=True)
     a = eng.add_request(Request("a", toks(100, 8), 0, forced_output=toks(200, 40), index=0))
     b = eng.add_request(Request("b", toks(300, 50), 0, forced_output=toks(400, 1), index=1))
     eng.run_until_idle()

@@ -1,0 +1,1 @@
+"""Capacity planning: hit rate against KV memory for a workload."""

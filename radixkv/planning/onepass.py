@@ -1,0 +1,428 @@
+"""LRU hit tokens at every KV capacity in one pass over a workload (Mattson stack distances).
+
+What it reproduces: `radixkv.replay.replay` under LRU with page-granularity eviction, for the
+radix tree (`RadixCache(evict_granularity="page")`, any page size) and for the block-hash cache
+(page = block): `hit_tokens` and the per-request `hits`, exactly, at every capacity at once.
+
+Why one order serves every capacity. Between requests nothing runs and nothing is locked, so
+at capacity C the cache holds some number k(C) of pages (blockhash: blocks). Every request ends
+with an insert of its whole path (prompt + output, whole pages), which touches every page of
+it: afterwards its pages are the most recent ones, shallower ahead of deeper (an LRU leaf is
+trimmed from the end of its edge; blockhash returns a request's blocks to the free queue last
+block first), and the order among all other pages does not change during the request. So the
+order of pages by recency is the same at every capacity, and the cache at capacity C is
+exactly its k(C) most recent pages. What differs per capacity is only the scalar k, which each
+replay step moves by simple arithmetic on ranks along the request's own path:
+
+  c  = pages of the path ranked <= k (cached: a prefix of the path, ancestors rank ahead)
+  h  = min(M, c)                  hit pages; M = whole pages of the prompt minus its last token
+  a  = ceil(L / ps) - h           pages allocated for the prompt (L = prompt length)
+  e1 = max(0, a - (P - k))        pages evicted for them (P = pool pages); the h hit pages are
+                                  locked and all rank ahead of the path's deeper pages, so a
+                                  deeper cached page j survives iff rank_j <= k - e1
+  prompt insert (only with output): the F = floor(L / ps) whole prompt pages enter; radix frees
+                                  surviving deeper ones as duplicates, blockhash registers a
+                                  second copy of them
+  e2 = max(0, b - free)           pages evicted for the b output pages; a deeper output-range
+                                  page survives iff rank_j <= k - e1 - e2
+  final insert: the A = floor((L + out) / ps) path pages are cached, the partial tail is freed
+
+  radix:     k' = (k - c) - (pages of others evicted) + A
+  blockhash: k' = k - e1 - e2 + (A - h)       (every page past the hit is registered anew)
+
+A capacity below one page, or below the largest request's page-rounded prompt + output, is one
+replay refuses: it is reported infeasible (hit tokens -1), and every step above fits at every
+feasible capacity, so nothing else can fail mid-pass.
+
+Ranks. The unlimited cache's radix tree (one root per namespace) is built as the pass goes, and
+split wherever a request's path ends or diverges, so every page of a node was last touched by
+the same request. Each request restamps its path's nodes, the root-most newest; a Fenwick tree
+over stamps weighted by page counts gives the pages more recent than a node, so a path costs
+O(nodes on it x log) and the per-capacity arithmetic is numpy over the capacity axis.
+
+Blockhash duplicates. When a request's deeper path content is still cached at its insert (the
+last prompt block, which the len - 1 rule leaves unmatched, or a repeated output), blockhash
+registers a second copy: capacity-dependent blocks that take slots without being the recent
+copy. Capacities that hold such copies, or make one in the current request, take a scalar path
+that tracks them individually: each copy keeps the (stamp, depth) position it was left at, and
+a match locks and refreshes the oldest registered copy, as the cache does. They are rare (a
+repeated prompt), so the vectorised path carries every other capacity.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from radixkv.cache.key import RadixKey
+from radixkv.replay import computed_output, pool_size
+from radixkv.workloads import TraceRequest
+
+KINDS = ("radix", "blockhash")
+_NEVER = np.int64(1) << 62          # rank of a page the unlimited cache has never held
+
+
+@dataclass(frozen=True)
+class CurveResult:
+    kind: str                      # "radix" | "blockhash"
+    page_size: int                 # tokens per page (blockhash: per block)
+    capacities: np.ndarray         # (n_cap,) int64 pool sizes in tokens, rounded down to pages
+    hit_tokens: np.ndarray         # (n_cap,) int64; -1 where infeasible
+    hits: np.ndarray               # (n_requests, n_cap) int64 per-request hit tokens; -1 where infeasible
+    feasible: np.ndarray           # (n_cap,) bool: replay can run (one page, largest request fits)
+    footprint_tokens: int          # replay's pool size with capacity None (nothing evicted)
+    peak_tokens: int               # most tokens the unlimited cache and the running request hold:
+                                   # the smallest pool at which replay evicts nothing
+    prompt_tokens: int
+
+    @property
+    def hit_rate(self) -> np.ndarray:
+        """(n_cap,) float hit tokens / prompt tokens; NaN where infeasible."""
+        rate = self.hit_tokens / self.prompt_tokens if self.prompt_tokens else np.zeros(len(self.hit_tokens))
+        return np.where(self.feasible, rate, np.nan)
+
+
+class _Fenwick:
+    """Page counts per stamp; `newer(s)` = pages at stamps > s. Grows by doubling."""
+
+    def __init__(self, size: int = 1 << 12):
+        self.n, self.tree, self.total = size, [0] * (size + 1), 0
+        self.w = [0] * (size + 1)                 # plain weights, to rebuild on growth
+
+    def add(self, s: int, v: int) -> None:
+        if s > self.n:
+            self._grow(s)
+        self.w[s] += v
+        self.total += v
+        t, n = self.tree, self.n
+        while s <= n:
+            t[s] += v
+            s += s & -s
+
+    def newer(self, s: int) -> int:
+        t, acc, i = self.tree, 0, min(s, self.n)
+        while i > 0:
+            acc += t[i]
+            i -= i & -i
+        return self.total - acc
+
+    def _grow(self, s: int) -> None:
+        n = self.n
+        while n < s:
+            n *= 2
+        w = self.w + [0] * (n - self.n)
+        tree = [0] + w[1:]
+        for i in range(1, n + 1):                 # O(n) Fenwick build
+            j = i + (i & -i)
+            if j <= n:
+                tree[j] += tree[i]
+        self.n, self.w, self.tree = n, w, tree
+
+
+class _Node:
+    """A node of the unlimited cache's tree: `key` is its edge (packed uint32 tokens, whole
+    pages), `depth` the page index its edge starts at, `base` the stable id of its first page
+    (pages keep their id across splits), `stamp` its last touch."""
+    __slots__ = ("key", "children", "stamp", "npages", "depth", "base")
+
+    def __init__(self, key: bytes, stamp: int, npages: int, depth: int, base: int):
+        self.key, self.children = key, {}
+        self.stamp, self.npages, self.depth, self.base = stamp, npages, depth, base
+
+
+class _Tree:
+    """The unlimited cache's radix tree with recency stamps (see the module docstring)."""
+
+    def __init__(self, page_size: int):
+        self.ps, self.pb = page_size, 4 * page_size          # tokens, bytes per page
+        self.roots: dict[tuple, _Node] = {}
+        self.fen = _Fenwick()
+        self.stamp = 0
+        self.pages = 0                                        # page ids handed out
+
+    def walk(self, buf: bytes, namespace: tuple, A: int) -> tuple[list[_Node], bool]:
+        """The path of `A` whole pages of `buf`, splitting nodes where it ends or diverges; the
+        last node is new (never held) when the second value is True."""
+        root = self.roots.get(namespace)
+        if root is None:
+            root = self.roots[namespace] = _Node(b"", 0, 0, 0, 0)
+        pb, node, pos, path = self.pb, root, 0, []
+        while pos < A:
+            off = pos * pb
+            child = node.children.get(buf[off:off + pb])
+            if child is None:
+                leaf = _Node(buf[off:A * pb], 0, A - pos, pos, self.pages)
+                self.pages += A - pos
+                node.children[buf[off:off + pb]] = leaf
+                path.append(leaf)
+                return path, True
+            n = min(child.npages, A - pos)
+            if buf[off:off + n * pb] != child.key[:n * pb]:
+                a = np.frombuffer(buf, np.uint32, n * self.ps, off)
+                b = np.frombuffer(child.key, np.uint32, n * self.ps)
+                n = int((a != b).argmax()) // self.ps        # >= 1: the first page matched
+            if n < child.npages:
+                child = self._split(node, child, n)
+            path.append(child)
+            pos += n
+            node = child
+        return path, False
+
+    def _split(self, parent: _Node, child: _Node, n: int) -> _Node:
+        """Cut `child` after n pages; the upper part keeps the stamp (the Fenwick weight at it
+        is unchanged: both parts are still there, the lower one deeper)."""
+        pb = self.pb
+        upper = _Node(child.key[:n * pb], child.stamp, n, child.depth, child.base)
+        parent.children[child.key[:pb]] = upper
+        child.key, child.npages = child.key[n * pb:], child.npages - n
+        child.depth, child.base = child.depth + n, child.base + n
+        upper.children[child.key[:pb]] = child
+        return upper
+
+    def ranks(self, path: list[_Node], new: bool) -> np.ndarray:
+        """(len(path),) rank of each node's first page before this request (1 = most recent);
+        a node's pages rank consecutively from there. _NEVER for a new node."""
+        fen = self.fen
+        r = [fen.newer(n.stamp) + 1 for n in (path[:-1] if new else path)]
+        if new:
+            r.append(int(_NEVER))
+        return np.array(r, np.int64)
+
+    def touch(self, path: list[_Node], new: bool) -> None:
+        """Restamp the path, the root-most newest."""
+        fen = self.fen
+        for i, n in enumerate(reversed(path)):
+            self.stamp += 1
+            if not (new and i == 0):
+                fen.add(n.stamp, -n.npages)
+            n.stamp = self.stamp
+            fen.add(n.stamp, n.npages)
+
+
+class _Path:
+    """One request's path pages as rank segments: node i holds pages [d0[i], d0[i] + w[i])
+    ranked R[i] ... R[i] + w[i] - 1. `count(x)`: pages ranked <= x (a prefix of the path)."""
+    __slots__ = ("R", "w", "d0")
+
+    def __init__(self, R: np.ndarray, w: np.ndarray, d0: np.ndarray):
+        self.R, self.w, self.d0 = R, w, d0
+
+    def count(self, x: np.ndarray) -> np.ndarray:
+        if not len(self.R):
+            return np.zeros_like(x)
+        i = np.searchsorted(self.R, x, "right") - 1
+        j = np.maximum(i, 0)
+        got = self.d0[j] + np.minimum(self.w[j], x - self.R[j] + 1)
+        return np.where(i >= 0, got, 0)
+
+
+def _requests(requests) -> list[TraceRequest]:
+    reqs = list(requests)
+    for r in reqs:
+        if not isinstance(r, TraceRequest):
+            raise TypeError(f"expected TraceRequests, got {type(r).__name__}")
+    return reqs
+
+
+def lru_hit_curve(requests: Iterable[TraceRequest], kind: str, page_size: int,
+                  capacities: Sequence[int | None]) -> CurveResult:
+    """Hit tokens of `replay(requests, cache, capacity)` for every capacity in `capacities`
+    (tokens; None: unlimited), for `kind` "radix" (LRU, page-granularity eviction, pages of
+    `page_size`) or "blockhash" (blocks of `page_size`), in one pass over the requests."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if type(page_size) is not int or page_size < 1:
+        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    reqs = _requests(requests)
+    ps = page_size
+    caps = list(capacities)
+    for c in caps:
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1):
+            raise ValueError(f"capacity must be a positive number of tokens or None, got {c!r}")
+    unlimited = pool_size(reqs, ps, None)
+    need = max((-(-(len(r.prompt) + r.output_len) // ps) * ps for r in reqs), default=0)
+    slots = np.array([unlimited if c is None else int(c) - int(c) % ps for c in caps], np.int64)
+    feasible = (slots >= ps) & (slots >= need)
+
+    P = slots[feasible] // ps                          # pool pages per feasible capacity
+    ncap = len(P)
+    k = np.zeros(ncap, np.int64)                       # cached pages (blocks) per capacity
+    hits = np.full((len(reqs), len(caps)), -1, np.int64)
+    hit_cols = np.zeros((len(reqs), ncap), np.int64)
+    tree = _Tree(ps)
+    dups: list[dict[int, tuple]] = [{} for _ in range(ncap)]  # blockhash: copies per capacity
+    radix = kind == "radix"
+    filler, peak, cached_unlimited = 0, 0, 0
+    for i, r in enumerate(reqs):
+        key = RadixKey(r.prompt, r.extra_key, r.cache_salt)
+        out, filler = computed_output(r, filler)      # as replay: what gets KV
+        tail = np.asarray(out, np.uint32).tobytes()
+        L, T = len(key), len(key) + len(out)
+        M, F, A = (L - 1) // ps, L // ps, T // ps
+        n_prompt = -(-L // ps)
+        b = -(-T // ps) - n_prompt                     # output pages grown
+        has_out = len(out) > 0
+        path, new = tree.walk(key.buf + tail, key.namespace, A) if A else ([], False)
+        R = tree.ranks(path, new)
+        w = np.array([n.npages for n in path], np.int64)
+        d0 = np.array([n.depth for n in path], np.int64)
+        seg = _Path(R, w, d0)
+
+        # the unlimited cache: pages held before, plus this request's own at their most
+        # (after admit, and after the output pages are grown)
+        c_inf = A - int(w[-1]) if new else A
+        h_inf = min(M, c_inf)
+        if radix:
+            grown = F - max(h_inf, min(c_inf, F)) + n_prompt - F + b if has_out else 0
+            peak = max(peak, (cached_unlimited + max(n_prompt - h_inf, grown)) * ps)
+            cached_unlimited += A - c_inf
+        else:
+            peak = max(peak, (cached_unlimited + n_prompt - h_inf + b) * ps)
+            cached_unlimited += A - h_inf
+
+        if ncap:
+            c = seg.count(k)
+            h = np.minimum(M, c)
+            a = n_prompt - h
+            e1 = np.maximum(0, a - (P - k))
+            s1 = np.maximum(h, seg.count(k - e1))      # path pages cached after e1
+            if radix:
+                gone1 = c - s1                         # deeper path pages among the e1
+                if has_out:
+                    tree1 = k - e1 + F - np.minimum(s1, F)
+                    e2 = np.maximum(0, b - (P - tree1 - (n_prompt - F)))
+                    s2 = seg.count(k - e1 - e2)
+                    gone2 = np.maximum(0, s1 - F) - np.maximum(0, s2 - F)
+                else:
+                    e2 = gone2 = 0
+                k_next = (k - c) - (e1 - gone1) - (e2 - gone2) + A
+            else:
+                e2 = np.maximum(0, b - (P - k + e1 - a)) if has_out else 0
+                k_next = k - e1 - e2 + (A - h)
+                slow = s1 > h                          # a copy registered at this capacity
+                for q in range(ncap):
+                    if dups[q] or slow[q]:
+                        h[q], k_next[q] = _blockhash_scalar(
+                            tree, path, seg, dups[q], int(k[q]), int(P[q]), M, F, A, n_prompt,
+                            b, has_out)
+            hit_cols[i] = h * ps
+            k = k_next
+        tree.touch(path, new)
+
+    hits[:, feasible] = hit_cols
+    hit_tokens = np.full(len(caps), -1, np.int64)
+    hit_tokens[feasible] = hit_cols.sum(axis=0)
+    return CurveResult(kind=kind, page_size=ps, capacities=slots, hit_tokens=hit_tokens,
+                       hits=hits, feasible=feasible, footprint_tokens=int(unlimited),
+                       peak_tokens=int(peak), prompt_tokens=sum(len(r.prompt) for r in reqs))
+
+
+def _blockhash_scalar(tree: _Tree, path: list[_Node], seg: _Path, dups: dict[int, tuple],
+                      k: int, P: int, M: int, F: int, A: int, n_prompt: int, b: int,
+                      has_out: bool) -> tuple[int, int]:
+    """One request at one capacity of the block-hash cache, with its duplicate copies.
+
+    `dups` maps a content page id (stable: `_Node.base` + offset) with more than one cached
+    copy to (its depth, its copies in registration order, oldest first: the one a match
+    uses). A copy is None when it sits at the content's own recency position (its newest
+    touch), else the frozen (stamp, depth) where it was left. Updated in place; returns
+    (hit pages, k'). Costs O(copies + new copies) rank look-ups of O(log) each."""
+    fen, stamps = tree.fen, [n.stamp for n in path]
+    R, d0 = seg.R.tolist(), seg.d0.tolist()              # scalar look-ups: lists beat numpy
+    frozen = [(cp, cid) for cid, (_, copies) in dups.items() for cp in copies if cp is not None]
+    fkeys = sorted((-s, d) for (s, d), _ in frozen)     # ascending = most recent first
+
+    def ahead(s: int, d: int) -> int:                    # frozen copies more recent than (s, d)
+        return bisect.bisect_left(fkeys, (-s, d))
+
+    def node_of(j: int) -> int:
+        return bisect.bisect_right(d0, j) - 1
+
+    def lead_rank(j: int) -> int:                        # rank of page j's recent copy
+        i = bisect.bisect_right(d0, j) - 1
+        if R[i] >= _NEVER:
+            return int(_NEVER)
+        return R[i] + (j - d0[i]) + ahead(stamps[i], j)
+
+    def frozen_rank(s: int, d: int) -> int:              # pages at stamp s lie deeper than d
+        return fen.newer(s) + 1 + ahead(s, d)
+
+    def cid_of(j: int) -> int:
+        i = bisect.bisect_right(d0, j) - 1
+        return path[i].base + (j - d0[i])
+
+    def first_index(pred, lo: int, hi: int) -> int:      # first j in [lo, hi) failing pred
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if pred(mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # contents with copies that lie on this path: (content id, depth, copies)
+    on_path = [(cid, d, copies) for cid, (d, copies) in dups.items() if d < A and cid_of(d) == cid]
+    c = first_index(lambda j: lead_rank(j) <= k, 0, A)
+    h = min(M, c)
+    # a match locks the oldest copy of each hit page: where that is a frozen copy, the recent
+    # copy stays unlocked
+    hit_frozen = [(cid, d, copies) for cid, d, copies in on_path if d < h and copies[0] is not None]
+    locked_frozen = sorted(frozen_rank(*copies[0]) for _, _, copies in hit_frozen)
+    unlocked_leads = sorted(lead_rank(d) for _, d, _ in hit_frozen)
+
+    last_hit = lead_rank(h - 1) if h else 0
+
+    def locked_below(x: int) -> int:                     # locked copies ranked ahead of x
+        leads = h if x > last_hit else first_index(lambda j: lead_rank(j) < x, 0, h)
+        return leads - bisect.bisect_left(unlocked_leads, x) + bisect.bisect_left(locked_frozen, x)
+
+    def survives(x: int, keep: int) -> bool:             # an unlocked copy at rank x, when the
+        return x - locked_below(x) <= keep               # `keep` most recent unlocked ones stay
+
+    a = n_prompt - h
+    e1 = max(0, a - (P - k))
+    keep1 = k - h - e1
+    e2 = max(0, b - (P - k + e1 - a)) if has_out else 0
+    keep2 = keep1 - e2
+    locked_first = {cid for cid, _, _ in hit_frozen}
+
+    def prune(keep: int) -> None:
+        """Drop the copies an eviction leaving `keep` unlocked ones takes: frozen copies (not
+        the locked oldest copy of a hit page) and the unlocked recent copies of hit pages."""
+        for (s, d), cid in frozen:
+            copies = dups[cid][1]
+            if (s, d) not in copies or (cid in locked_first and copies[0] == (s, d)):
+                continue
+            if not survives(frozen_rank(s, d), keep):
+                copies.remove((s, d))
+        for cid, d, copies in hit_frozen:
+            if None in copies and not survives(lead_rank(d), keep):
+                copies.remove(None)
+
+    s1 = first_index(lambda j: survives(lead_rank(j), keep1), h, c) if e1 else c
+    if e1:
+        prune(keep1)
+    s2 = s1                                              # path pages still cached after e2
+    if e2:
+        s2 = first_index(lambda j: survives(lead_rank(j), keep2), h, s1)
+        prune(keep2)
+    # pages [h, A) are registered anew: a surviving older copy stays, frozen where the content
+    # was; pages past s2 have no older copy left
+    for cid, d, copies in on_path:
+        if h <= d and d >= s2:
+            copies[:] = [cp for cp in copies if cp is not None] + [None]
+    for j in range(h, s2):
+        cid = cid_of(j)
+        old = (stamps[node_of(j)], j)
+        copies = dups[cid][1] if cid in dups else [None]
+        dups[cid] = (j, [old if cp is None else cp for cp in copies] + [None])
+    # hit pages: the oldest copy, matched, becomes the recent one; the previous recent copy,
+    # if it survived, is left behind
+    for cid, d, copies in hit_frozen:
+        old = (stamps[node_of(d)], d)
+        copies[:] = [None] + [old if cp is None else cp for cp in copies[1:]]
+    for cid in [cid for cid, (_, copies) in dups.items() if len(copies) < 2]:
+        del dups[cid]
+    return h, k - e1 - e2 + (A - h)
