@@ -130,6 +130,15 @@ class PrefixCache(ABC):
     def total_size(self) -> int:
         return self.evictable_size() + self.protected_size()
 
+    def locks_held(self) -> int:
+        """Lock units outstanding (a pure read): with `lock_units`, a manager checks that every
+        lock belongs to a request it holds — a leaked lock would pin its prefix forever."""
+        return 0
+
+    def lock_units(self, node: Any) -> int:
+        """What one inc_lock_ref(node) adds to locks_held()."""
+        return 0
+
     def num_entries(self) -> int:
         """Entries held (tree nodes, blocks): the footprint a replay reports at its peak."""
         return 0

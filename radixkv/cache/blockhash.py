@@ -251,6 +251,12 @@ class BlockHashCache(PrefixCache):
     def _chain(self, ids: np.ndarray) -> Chain:
         return Chain(self, ids, self._serial[ids], self._drops)
 
+    def locks_held(self) -> int:
+        return int(self._ref.sum())               # one reference per block of a locked chain
+
+    def lock_units(self, chain) -> int:
+        return len(chain) if chain is not None else 0
+
     def lock_cost(self, key: RadixKey, chain, prefix_len: int) -> int:
         # the hit blocks at ref 0 sit in the free queue (evictable) until locked
         return int((self._ref[chain.ids] == 0).sum()) * self.block_size if len(chain) else 0

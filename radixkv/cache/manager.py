@@ -198,10 +198,16 @@ class CacheManager:
         return list(self._holders.values())
 
     def check(self) -> None:
-        """Cache invariants, and slot conservation over the cache and every holder."""
+        """Cache invariants, slot conservation over the cache and every holder, and every lock
+        the cache holds belonging to a holder."""
         self.cache.check_invariants()
         self.pool.check_conservation(list(self.cache.held_slots())
                                      + [r.slots[r.cached_len:] for r in self._holders.values()])
+        held = self.cache.locks_held()
+        owned = sum(self.cache.lock_units(r.last_node) for r in self._holders.values())
+        if held != owned:
+            raise AssertionError(f"the cache holds {held} lock units but its {len(self._holders)} "
+                                 f"requests hold {owned}: a lock was leaked or lost")
 
     def reset(self) -> None:
         """Empty the cache and the pool; no request may hold slots."""

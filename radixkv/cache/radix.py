@@ -359,6 +359,12 @@ class RadixCache(PrefixCache):
             cost += prefix_len - depth if child is not None and child.lock_ref == 0 else 0
         return cost
 
+    def locks_held(self) -> int:
+        return self.root.lock_ref - 1             # every lock passes through the root once
+
+    def lock_units(self, node: TreeNode) -> int:
+        return 1
+
     def tree_root(self) -> TreeNode:
         return self.root
 
