@@ -59,12 +59,22 @@ class ReplayStats:
         return d
 
 
+def _needs(requests: Iterable[TraceRequest], page_size: int) -> list[int]:
+    return [round_up(len(r.prompt) + r.output_len, page_size) for r in requests]
+
+
+def request_need(requests: Iterable[TraceRequest], page_size: int) -> int:
+    """The smallest pool (tokens) that holds every request alone: its page-rounded prompt +
+    output (0 for no requests)."""
+    return max(_needs(requests, page_size), default=0)
+
+
 def pool_size(requests: Iterable[TraceRequest], page_size: int, capacity: int | None) -> int:
     """Slots for the pool: `capacity` rounded down to whole pages, or with capacity None the
     workload's total page-rounded prompt + output tokens (nothing is ever evicted).
     Raises ValueError when one request's page-rounded prompt + output exceeds it."""
     reqs = list(requests)
-    need = [round_up(len(r.prompt) + r.output_len, page_size) for r in reqs]
+    need = _needs(reqs, page_size)
     if capacity is None:
         return max(sum(need), page_size)
     if not is_int(capacity) or capacity < 1:

@@ -5,7 +5,7 @@ meta-llama/Meta-Llama-3-70B, Qwen/Qwen2-7B); tiny-* are our own CPU-sized shapes
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from radixkv.validate import positive_int
 

@@ -35,9 +35,9 @@ def run_config(workload, cfg: EngineConfig, cost: CostModel,
         # trace together, so trace order is the oracle's estimate of it: exact per client,
         # approximate across clients (a fast client may run ahead of a slow one).
         oracle = FutureOracle(reqs, cfg.cache.page_size)
-        on_admit, extra = oracle.admitted, {"oracle": oracle, "clock": _logical_clock()}
+        on_admit, extra = oracle.admitted, {"oracle": oracle, "clock": logical_clock()}
     else:
-        extra = {"clock": _logical_clock()} if cfg.cache.kind == "radix" else {}
+        extra = {"clock": logical_clock()} if cfg.cache.kind == "radix" else {}
     loop = None if max_concurrency is None else \
         ClosedLoop(reqs, [tr.session for tr in workload], max_concurrency)
     engine = Engine(cfg, cfg.cache.build(**extra), SimExecutor(cost), on_admit=on_admit,
@@ -50,7 +50,7 @@ def run_config(workload, cfg: EngineConfig, cost: CostModel,
     return engine.run_until_idle(progress=progress)
 
 
-def _logical_clock() -> Callable[[], int]:
+def logical_clock() -> Callable[[], int]:
     # the tree's recency clock: a counter, so LRU order is exact and runs are deterministic
     n = iter(range(1 << 62))
     return n.__next__

@@ -139,7 +139,7 @@ def type_switches(path: Path) -> list[str]:
             bad += [f"{where} {fn}(..., {n})" for n in sorted(names & CONCRETE)]
         if (fn == "getattr" and len(node.args) == 3) or fn == "hasattr":
             attr = node.args[1]
-            if isinstance(attr, ast.Constant) and attr.value != "__iter__":
+            if isinstance(attr, ast.Constant):
                 bad.append(f"{where} {fn}(..., {attr.value!r})")
     return bad
 

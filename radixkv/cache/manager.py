@@ -160,12 +160,10 @@ class CacheManager:
         """Take everything back from a request leaving without finishing (retraction, abort).
         With insert=True its computed KV enters the cache first, so a re-admission can hit."""
         if insert:
-            self._check_share(req)
+            self.cache_req(req, finished=False)      # checks everything before any change
         else:                                        # nothing is inserted: the key is not read
             self._check_holder(req)
             self.cache.check_lock(req.last_node)
-        if insert:
-            self.cache_req(req, finished=False)
         self._drop(req)
 
     def _drop(self, req) -> np.ndarray:

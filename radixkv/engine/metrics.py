@@ -3,7 +3,7 @@ throughput, eviction, retraction, and KV usage / queue length over time."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import numpy as np

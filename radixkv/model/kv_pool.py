@@ -113,7 +113,7 @@ class AttnBatch:
         if len(np.unique(new)) != len(new):
             vals, counts = np.unique(new, return_counts=True)
             raise ValueError(f"AttnBatch: new slot {int(vals[counts > 1][0])} is written twice in one batch")
-        T, Q = len(new), q_tile or max(n_new)
+        Q = q_tile or max(n_new)
         starts = np.cumsum([0] + n_new[:-1])                       # [B] first packed index of each seq
         positions = np.concatenate([p + np.arange(n) for p, n in zip(pl, n_new)])
         # ---- query tiles: rows j..j+Q of one sequence; context up to the tile's last token

@@ -6,7 +6,7 @@ device the logits live on (up to floating-point differences in the logits themse
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +32,7 @@ class SamplingParams:
         if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
             raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
         int_at_least(self.max_new_tokens, "max_new_tokens", 1)
-        if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
             raise ValueError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}")
         stops = tuple(self.stop_token_ids)
         bad = [s for s in stops if not is_int(s) or s < 0]

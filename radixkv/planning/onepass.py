@@ -57,7 +57,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from radixkv.cache.key import RadixKey
-from radixkv.replay import computed_output, pool_size
+from radixkv.replay import computed_output, pool_size, request_need
 from radixkv.workloads import TraceRequest
 
 KINDS = ("radix", "blockhash")
@@ -242,7 +242,7 @@ def lru_hit_curve(requests: Iterable[TraceRequest], kind: str, page_size: int,
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1):
             raise ValueError(f"capacity must be a positive number of tokens or None, got {c!r}")
     unlimited = pool_size(reqs, ps, None)
-    need = max((-(-(len(r.prompt) + r.output_len) // ps) * ps for r in reqs), default=0)
+    need = request_need(reqs, ps)
     slots = np.array([unlimited if c is None else int(c) - int(c) % ps for c in caps], np.int64)
     feasible = (slots >= ps) & (slots >= need)
 

@@ -27,8 +27,9 @@ import numpy as np
 from radixkv.cache.pool import round_up
 from radixkv.config import CacheConfig
 from radixkv.engine.engine import request_from_trace
-from radixkv.replay import replay
+from radixkv.replay import replay, request_need
 from radixkv.sim.oracle import FutureOracle
+from radixkv.simulate import logical_clock
 from radixkv.sim.specs import MODEL_SPECS
 from radixkv.validate import positive_int
 from radixkv.workloads import TraceRequest, Workload
@@ -134,12 +135,6 @@ def ceiling(workload: Any, cache: str, page_size: int) -> float:
     eviction order and granularity."""
     cfg = CacheConfig(cache, page_size)
     return replay(_requests_of(workload), cfg.build()).hit_rate
-
-
-def request_need(requests: Sequence[TraceRequest], page_size: int) -> int:
-    """The smallest pool (tokens) that holds every request alone: its page-rounded prompt +
-    output, as `radixkv.replay.pool_size` requires."""
-    return max((round_up(len(r.prompt) + r.output_len, page_size) for r in requests), default=0)
 
 
 def sweep(workload: Any, caches: Sequence[str], evictions: Sequence[str], page_size: int = 1,
@@ -275,7 +270,7 @@ def replay_hits(requests: Sequence[TraceRequest], cfg: CacheConfig, capacity: in
     resolution). Belady gets its future-aware oracle."""
     extra: dict[str, Any] = {}
     if cfg.kind == "radix":
-        extra["clock"] = _logical_clock()
+        extra["clock"] = logical_clock()
     if cfg.eviction != "belady":
         return replay(requests, cfg.build(**extra), capacity).hit_tokens
     sched_reqs = [request_from_trace(tr, i) for i, tr in enumerate(requests)]
@@ -287,7 +282,3 @@ def replay_hits(requests: Sequence[TraceRequest], cfg: CacheConfig, capacity: in
 
 def _requests_of(workload: Any) -> list[TraceRequest]:
     return list(workload.requests if isinstance(workload, Workload) else workload)
-
-
-def _logical_clock() -> Callable[[], int]:
-    return iter(range(1 << 62)).__next__

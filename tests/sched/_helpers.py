@@ -1,21 +1,15 @@
 """Shared builders for the scheduler / engine tests: a deterministic simulated engine."""
 from __future__ import annotations
 
-import itertools
-
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
 from radixkv.sim.costmodel import CostModel
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.sim.executor import SimExecutor
 from radixkv.sim.oracle import FutureOracle
+from radixkv.simulate import logical_clock
 from radixkv.sched.batch import StepResult
 
 COST = CostModel.named("llama-3-8b", "h100-sxm")
-
-
-def logical_clock():
-    """The tree's recency clock: a counter, so LRU order is exact and runs are deterministic."""
-    return itertools.count().__next__
 
 
 def toks(start: int, n: int) -> list[int]:
