@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test install bench clean
+.PHONY: run test load install bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# the 60-second server load run (200 streaming clients, a tenth hanging up), kept out of `test`
+load: $(STAMP)
+	$(BIN)/python -m pytest -q -s -m slow tests/server/test_load.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cache.py

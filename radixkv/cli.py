@@ -13,7 +13,8 @@ from importlib import import_module
 
 from radixkv import __version__
 
-COMMANDS = ("compare", "simulate", "replay", "generate", "sweep")
+COMMANDS = ("compare", "simulate", "replay", "generate", "sweep", "serve", "bench-serve",
+            "four-way")
 
 
 class Parser(argparse.ArgumentParser):
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"radixkv {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        import_module(f"radixkv.commands.{name}").register(sub)
+        import_module(f"radixkv.commands.{name.replace('-', '_')}").register(sub)
     return parser
 
 

@@ -9,6 +9,10 @@
     sim/        the simulated GPU: never model/, and never torch (the named model shapes both
                 use live in shapes.py, a leaf)
     workloads/  nothing from sched, engine, model or sim
+    events      the KV-event wire format and index: the cache's events only
+    server/     the HTTP server: anything below it, never the commands or the cli
+    bench_serve, bench_stats, serve_process: the HTTP load client, which speaks to any
+                OpenAI-compatible server: never the engine or the server's code
     shapes, validate, registry: leaves (validate and registry are used by every layer)
 
 Every import statement counts, including lazy ones inside functions and TYPE_CHECKING blocks.
@@ -33,12 +37,16 @@ FORBIDDEN = {
     "model": {"sim"} | _TOP,
     "sim": {"model"} | _TOP,
     "workloads": {"sched", "engine", "model", "sim"} | _TOP,
+    "events": {"sched", "engine", "model", "sim", "workloads", "config"} | _TOP,
+    "server": {"commands", "cli", "router", "__main__", "plot", "simulate", "replay"},
+    **{client: {"cache", "sched", "engine", "model", "sim", "server", "router", "commands",
+                "cli", "__main__"} for client in ("bench_serve", "bench_stats", "serve_process")},
     "shapes": {"cache", "sched", "engine", "model", "sim", "workloads", "config"} | _TOP,
     "validate": {"cache", "sched", "engine", "model", "sim", "workloads", "config", "shapes",
                  "registry"} | _TOP,
     "registry": {"cache", "sched", "engine", "model", "sim", "workloads", "config", "shapes"} | _TOP,
 }
-NO_TORCH = {"cache", "sim"}
+NO_TORCH = {"cache", "sim", "events"}
 
 
 def module_name(path: Path) -> str:

@@ -65,6 +65,7 @@ class PrefixCache(ABC):
 
     name: str = ""               # registry name: radix | blockhash | none
     shares_prefixes = True       # False: nothing is ever stored (the no-cache control)
+    enable_events = False        # True: KV events are recorded (take_events, page_hashes)
 
     def __init__(self, page_size: int = 1, what: str = "page_size"):
         self.page_size = positive_int(page_size, what)
@@ -171,6 +172,13 @@ class PrefixCache(ABC):
         """KV events since the last call (empty unless the cache was built with events on)."""
         return []
 
+    def page_hashes(self) -> set[int]:
+        """The chained hashes of every page the cache holds now: what a subscriber applying
+        this cache's events holds (a pure read). Raises ValueError unless events are on."""
+        if not self.enable_events:
+            raise ValueError(f"{self.label}: page_hashes needs a cache built with enable_events=True")
+        return self._page_hashes()
+
     # ---- capabilities the scheduler asks about (instead of testing types) -------------------
     def match_stamp(self, node: Any) -> Any:
         """An opaque stamp taken with a pure-read match ending at `node`."""
@@ -208,6 +216,9 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def _evict(self, num_tokens: int) -> np.ndarray: ...
+
+    def _page_hashes(self) -> set[int]:
+        return set()
 
     @abstractmethod
     def _check_handle(self, node: Any) -> None:

@@ -520,6 +520,10 @@ class BlockHashCache(PrefixCache):
         ev, self._events = self._events, []
         return ev
 
+    def _page_hashes(self) -> set[int]:
+        # every cached block's content node has its hash (computed when it was stored)
+        return {self._hash[n] for n in self._node[self._node >= 0].tolist()}
+
     def check_invariants(self) -> None:
         # nodes: the live ones are the roots and their descendants, each filed under its page in
         # its parent, each with a cached copy or a child; hashes (where computed) chain as

@@ -55,5 +55,8 @@ class NoCache(PrefixCache):
     def held_slots(self) -> Iterable[np.ndarray]:
         return []
 
+    def page_hashes(self) -> set[int]:
+        return set()                 # holds no page, and records no event to check against
+
     def check_invariants(self) -> None:
         return None

@@ -389,6 +389,9 @@ class RadixCache(PrefixCache):
         ev, self._events = self._events, []
         return ev
 
+    def _page_hashes(self) -> set[int]:
+        return {h for n in self._nodes() if n is not self.root for h in n.hashes}
+
     # ---- inspection -----------------------------------------------------------------------
     def held_slots(self) -> Iterable[np.ndarray]:
         return [n.value for n in self._nodes() if n is not self.root]

@@ -16,13 +16,12 @@ from typing import Any
 
 from rich.table import Table
 
-from radixkv.cache.pool import host_memory_bytes
 from radixkv.commands.flags import add_config_flags, check_pool, configs_from_args
 from radixkv.commands.inputs import add_workload_args, load_from_args
 from radixkv.commands.output import (Outputs, check_file_target, console, engine_row, metadata,
                                      pct, workload_info)
 from radixkv.engine.engine import Engine, request_from_trace
-from radixkv.shapes import MODEL_CONFIGS, ModelArgs
+from radixkv.shapes import MODEL_CONFIGS
 from radixkv.sched.request import Request
 from radixkv.validate import positive_int
 from radixkv.workloads import GENERATORS, read_jsonl
@@ -83,14 +82,6 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _model_args(name: str) -> ModelArgs:
-    if name in MODEL_CONFIGS:
-        return MODEL_CONFIGS[name]
-    if not Path(name).is_dir():
-        raise ValueError(f"unknown model {name!r}: not a named shape ({', '.join(MODEL_CONFIGS)}) "
-                         f"nor a checkpoint directory")
-    from radixkv.model.weights import args_from_hf_config, read_hf_config
-    return args_from_hf_config(read_hf_config(name), where=f"{name}/config.json")
 
 
 def _prompt_requests(args, tok, sampling, eos: int | None) -> list[Request]:
@@ -115,47 +106,12 @@ def _prompt_requests(args, tok, sampling, eos: int | None) -> list[Request]:
             for i, ln in enumerate(lines)]
 
 
-def _device(text: str | None):
-    """The torch device to run on; a clear error for one torch does not know or cannot use."""
-    import torch
-
-    from radixkv import env
-    from radixkv.model.executor import resolve_device
-    try:
-        dev = resolve_device(text)
-    except RuntimeError:                      # torch's own "Expected one of cpu, cuda, ..."
-        raise ValueError(f"device {text or env.device()!r} is not a torch device: cpu, cuda "
-                         f"or cuda:N") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {str(dev)!r}: generate runs on cpu or cuda")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"device {str(dev)!r}: there are {torch.cuda.device_count()} CUDA devices")
-    return dev
 
 
-def _memory(dev) -> tuple[int, str]:
-    """(bytes a new allocation can still get on `dev`, its name)."""
-    import torch
-    if dev.type == "cuda":
-        return torch.cuda.mem_get_info(dev)[0], f"{torch.cuda.get_device_name(dev)} ({dev})"
-    return host_memory_bytes(), "this machine"
 
 
-def _device_name(dev) -> str:
-    """"cpu", or the CUDA device's name."""
-    import torch
-    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
 
 
-def _check_kv_memory(margs: ModelArgs, slots: int, bytes_per_token: int, dev, dtype) -> None:
-    """Refuse a KV pool the device cannot hold, before anything is allocated."""
-    need = slots * bytes_per_token
-    have, where = _memory(dev)
-    if need > have:
-        raise ValueError(f"--max-total-tokens {slots:,}: a KV pool of {slots:,} tokens at "
-                         f"{bytes_per_token:,} bytes per token ({margs.name}, "
-                         f"{str(dtype).removeprefix('torch.')}) needs {need / 2**30:,.1f} GiB; "
-                         f"{where} has {have / 2**30:,.1f} GiB available")
 
 
 def _refuse_workload_options(args: argparse.Namespace) -> None:
@@ -180,21 +136,22 @@ def run(args: argparse.Namespace) -> int:
 
     from radixkv.model.executor import TorchExecutor, default_dtype
     from radixkv.model.sampling import SamplingParams
+    from radixkv.model.setup import check_kv_memory, device_name, model_args, torch_device
     from radixkv.model.tokenizer import load_tokenizer
 
     if args.json is not None:
         check_file_target(args.json, "--json")
     if args.prompts is not None:
         _refuse_workload_options(args)
-    margs = _model_args(args.model)
+    margs = model_args(args.model)
     positive_int(args.threads, "--threads")
-    dev = _device(args.device)
+    dev = torch_device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(dev)
     bpt = margs.kv_bytes_per_token(dtype.itemsize)
     rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=DEFAULT_TOKENS)
     cfg = rc.engine(rc.caches[0])
     check_pool(cfg)
-    _check_kv_memory(margs, cfg.kv_capacity, bpt, dev, dtype)
+    check_kv_memory(margs, cfg.kv_capacity, bpt, dev, dtype)
     tok = load_tokenizer(_tokenizer_path(args))
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, rc.seed,
                               args.max_new_tokens)
@@ -250,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
               f"{done / max(wall, 1e-9):,.0f} tokens/s", soft_wrap=True, highlight=False)
     if args.json is not None:
         with Outputs() as out:
-            out.write_json(args.json, metadata(info, model=args.model, gpu=_device_name(dev),
+            out.write_json(args.json, metadata(info, model=args.model, gpu=device_name(dev),
                                                max_total_tokens=cfg.kv_capacity,
                                                results=[engine_row(rep.summary())]))
         con.print(f"wrote {args.json}")

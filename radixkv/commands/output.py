@@ -23,7 +23,7 @@ from radixkv.workloads import Workload
 # summary follows under "details".
 JSON_KEYS = ("name", "hit_rate", "prefill_tokens", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99",
              "throughput_tok_s", "evicted_tokens", "retractions")
-UNITS = ("s", "us", "tokens", "tokens/s", "fraction", "count")
+UNITS = ("s", "us", "tokens", "tokens/s", "requests/s", "fraction", "count")
 
 
 # ---- paths, checked before a run ------------------------------------------------------------
@@ -128,9 +128,11 @@ def unit_of(key: str) -> str:
     """The unit of a numeric result key, from its name."""
     if key.endswith("_tok_s"):
         return "tokens/s"
+    if key.endswith("_req_s"):
+        return "requests/s"
     if key.endswith("_us_per_request"):
         return "us"
-    if key.endswith("_s") or key.startswith(("ttft_", "e2e_", "tpot_")):
+    if key.endswith("_s") or key.startswith(("ttft_", "e2e_", "tpot_", "itl_")):
         return "s"
     if key.endswith("_tokens") or key == "capacity":
         return "tokens"

@@ -65,6 +65,28 @@ class Engine:
         self.requests.append(req)
         return req
 
+    def abort(self, req: Request) -> bool:
+        """Take out a request that has not finished: not arrived yet, waiting or running. Its
+        slots and lock are released now. False when it finished (or was aborted) already."""
+        pending = [a for a in self._arrivals if a[2] is not req]
+        if len(pending) != len(self._arrivals):
+            self._arrivals = pending
+            heapq.heapify(self._arrivals)
+            req.status = Status.ABORTED
+        elif not self.sched.abort(req):
+            return False
+        self.executor.release(req.rid)
+        return True
+
+    def forget_finished(self) -> None:
+        """Drop the history a long-running server does not need: finished and aborted requests
+        and the timeline (report() then covers only what comes after)."""
+        self.finished.clear()
+        self.requests = [r for r in self.requests
+                         if r.status not in (Status.FINISHED, Status.ABORTED)]
+        for series in self.timeline.values():
+            series.clear()
+
     def has_work(self) -> bool:
         return bool(self._arrivals) or self.sched.has_work()
 
@@ -109,7 +131,7 @@ class Engine:
             if progress is not None and len(self.finished) != done:
                 progress(len(self.finished) - done)
                 done = len(self.finished)
-        stuck = [r for r in self.requests if r.status is not Status.FINISHED]
+        stuck = [r for r in self.requests if r.status not in (Status.FINISHED, Status.ABORTED)]
         if stuck and max_steps is None:
             raise RuntimeError(f"{len(stuck)} requests never finished, e.g. {stuck[0]!r}")
         return self.report()

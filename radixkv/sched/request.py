@@ -28,6 +28,7 @@ class Status(enum.Enum):
     PREFILL = "prefill"        # admitted, KV of the fill not complete yet (chunked)
     RUNNING = "running"        # decoding
     FINISHED = "finished"
+    ABORTED = "aborted"        # taken out before finishing (a client went away)
 
 
 class Request:

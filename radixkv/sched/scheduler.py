@@ -158,6 +158,25 @@ class Scheduler:
         bisect.insort(self.waiting, req, key=_arrival_order)
         log.debug("retracted %r", req)
 
+    # ---- abort --------------------------------------------------------------------------------
+    def abort(self, req: Request) -> bool:
+        """Take a request out wherever it is between rounds (waiting, the chunked prefill,
+        running), giving back its slots and lock at once; its computed KV is not inserted.
+        False, changing nothing, when the scheduler does not hold it (finished already)."""
+        if self.chunked is req:
+            self.mgr.release(req)
+            self.chunked = None
+        elif req.status is Status.RUNNING and req in self.running:
+            self.mgr.release(req)
+            self.running.remove(req)
+        elif req.status is Status.WAITING and req in self.waiting:
+            self.waiting.remove(req)             # a waiting request holds no slots
+            self.mgr.forget(req)
+        else:
+            return False
+        req.status = Status.ABORTED
+        return True
+
     # ---- results ------------------------------------------------------------------------------
     def process(self, plan: BatchPlan, result: StepResult, now: float) -> list[Request]:
         """Apply one step's result; returns the requests that finished."""

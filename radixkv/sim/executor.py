@@ -2,8 +2,13 @@
 the workload's script (the engine asks each request for its next token), so a simulation is
 deterministic and its cache behaviour is exactly what the real engine would do. A request
 whose trace records only an output length gets filler ids (above any vocabulary, never
-repeated, so they never hit), as the sequential replay gives it."""
+repeated, so they never hit), as the sequential replay gives it. A server that must return
+text instead passes `output_ids`: unscripted requests then produce those ids in turn (one
+id per token, the same sequence for every request, so a reply re-sent in the next turn of a
+conversation is exactly what was produced)."""
 from __future__ import annotations
+
+from typing import Sequence
 
 from radixkv.engine.executor import BatchPlan, StepResult
 from radixkv.sched.request import FILLER_BASE
@@ -11,8 +16,11 @@ from radixkv.sim.costmodel import CostModel
 
 
 class SimExecutor:
-    def __init__(self, cost: CostModel):
+    def __init__(self, cost: CostModel, output_ids: Sequence[int] | None = None):
+        if output_ids is not None and not len(output_ids):
+            raise ValueError("output_ids must hold at least one id")
         self.cost = cost
+        self.output_ids = None if output_ids is None else tuple(int(i) for i in output_ids)
         self.name = f"sim:{cost.model_spec.name}@{cost.gpu.name}"
         self.busy_s = 0.0
         self._filler = 0
@@ -24,6 +32,13 @@ class SimExecutor:
     def release(self, rid: str) -> None:
         return None                  # no per-request state: scripts live in the requests
 
+    def _produce(self, req) -> int:
+        if self.output_ids is not None:
+            ids = self.output_ids
+            return ids[len(req.output) % len(ids)]
+        self._filler += 1
+        return FILLER_BASE + (self._filler - 1) % FILLER_BASE
+
     def run(self, plan: BatchPlan) -> StepResult:
         dt = self.cost.step_time([(s.prefix_len, s.n) for s in plan.extends],
                                  [s.prefix_len for s in plan.decodes])
@@ -31,8 +46,7 @@ class SimExecutor:
         tokens: list[int | None] = []
         for s in plan.segments:       # scripted requests ignore what is sampled for them
             if s.sample and s.req.forced_output is None:
-                tokens.append(FILLER_BASE + self._filler % FILLER_BASE)
-                self._filler += 1
+                tokens.append(self._produce(s.req))
             else:
                 tokens.append(None)
         return StepResult(tokens, dt)

@@ -8,6 +8,7 @@ import torch
 
 import radixkv.cache.pool
 import radixkv.commands.generate
+import radixkv.model.setup
 from radixkv.workloads import write_jsonl, make_workload
 
 from ._helpers import SMALL, hash_id_trace, run, write_lines
@@ -31,7 +32,7 @@ def fails(capsys, *argv, line: str, status: int = 2) -> str:
 
 def with_memory(monkeypatch, gib: int) -> None:
     """This machine has `gib` GiB available, for every check that asks."""
-    for module in (radixkv.cache.pool, radixkv.commands.generate):
+    for module in (radixkv.cache.pool, radixkv.model.setup):
         monkeypatch.setattr(module, "host_memory_bytes", lambda: gib * 2**30)
 
 
@@ -165,7 +166,7 @@ def test_generate_checks_the_torch_kv_pool_against_memory(capsys, monkeypatch):
 @pytest.mark.parametrize("argv, line", [
     (["--page-size", "0"], "--page-size must be a positive int, got 0"),
     (["--device", "tpu"], "device 'tpu' is not a torch device: cpu, cuda or cuda:N"),
-    (["--device", "meta"], "device 'meta': generate runs on cpu or cuda"),
+    (["--device", "meta"], "device 'meta': models run on cpu or cuda"),
     (["--max-total-tokens", "8", "--page-size", "16"],
      "--max-total-tokens 8 is smaller than one page of 16 tokens"),
     (["--chunked-prefill-size", "-2"],

@@ -1,0 +1,131 @@
+"""`radixkv serve`: the engine behind an OpenAI-compatible HTTP API (FastAPI + uvicorn).
+
+The same cache and scheduler flags as every other subcommand; the executor is a real model
+(`--executor torch`) or the simulated GPU (`--executor sim`: real HTTP, real scheduler and
+cache, the cost model's timing), so a laptop can stand in for a replica of a large model.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from radixkv.commands.flags import (CACHE_FLAGS, ENGINE_FLAGS, SCHED_FLAGS, add_config_flags,
+                                    check_pool, configs_from_args)
+from radixkv.shapes import MODEL_CONFIGS
+from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
+
+TORCH_DEFAULT_TOKENS = 65536
+SIM_DEFAULT_TOKENS = 400_000            # about what Llama-3-8B leaves for KV on an 80 GB GPU
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve the engine over an OpenAI-compatible HTTP API",
+        description="Serve /v1/completions and /v1/chat/completions (streaming and not, with "
+                    "usage.prompt_tokens_details.cached_tokens), /v1/models, /health, "
+                    "/server_info, /metrics and /flush_cache. Ctrl-C or SIGTERM stops it.")
+    g = p.add_argument_group("model and executor")
+    g.add_argument("--model", default="tiny-llama", metavar="NAME|DIR",
+                   help=f"torch: a named shape with random weights ({', '.join(MODEL_CONFIGS)}) "
+                        f"or a local Hugging Face checkpoint directory; sim: "
+                        f"{', '.join(sorted(MODEL_SPECS))} (default: tiny-llama)")
+    g.add_argument("--executor", choices=("torch", "sim"), default="torch",
+                   help="torch: the real model; sim: the simulated GPU of radixkv simulate "
+                        "(default: torch)")
+    g.add_argument("--gpu", default="h100-sxm", choices=sorted(GPU_SPECS), metavar="NAME",
+                   help=f"sim: the GPU of the cost model ({', '.join(sorted(GPU_SPECS))}; "
+                        f"default: h100-sxm)")
+    g.add_argument("--served-model-name", metavar="NAME",
+                   help="the model id of the API (default: --model)")
+    g.add_argument("--max-model-len", "--context-length", type=int, metavar="N",
+                   dest="max_model_len", help="context length (default: the model's)")
+    g.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenizer.json (default: the checkpoint's, else bytes)")
+    g.add_argument("--device", help="torch: cpu, cuda or cuda:N (default: cuda if present)")
+    g.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), metavar="NAME",
+                   help="torch: bfloat16, float16 or float32 (default: float32 on CPU, "
+                        "bfloat16 on CUDA)")
+    g.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="torch on the CPU: intra-op threads (default: 1)")
+    add_config_flags(p, caches="one", scheduler=True,
+                     max_total_tokens=f"{TORCH_DEFAULT_TOKENS} for torch, {SIM_DEFAULT_TOKENS} "
+                                      f"for sim")
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000,
+                   help="port to bind; 0 picks a free one (default: 8000)")
+    g.add_argument("--enable-metrics", action="store_true",
+                   help="serve Prometheus metrics at /metrics")
+    g.add_argument("--kv-events-config", metavar="JSON",
+                   help="KV cache events, with vLLM's keys, e.g. '{\"enable_kv_cache_events\": "
+                        "true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", "
+                        "\"replay_endpoint\": \"tcp://127.0.0.1:5558\", \"topic\": \"kv\"}'")
+    g.add_argument("--api-keys", metavar="FILE",
+                   help="JSON {\"keys\": {KEY: TENANT, ...}, \"shared_namespace\": NAME}: "
+                        "requests need a key; each tenant's prefixes live in its own namespace")
+    g.add_argument("--allow-client-cache-salt", action="store_true",
+                   help="honour a request's cache_salt (inside its tenant's namespace)")
+    g.add_argument("--log-level", default="warning",
+                   choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level (default: warning)")
+    p.set_defaults(func=run)
+
+
+def flag_table(args: argparse.Namespace, cfg) -> dict:
+    """Every configuration flag: its value in effect, its default, and where the value came
+    from ("flag" when given on the command line, else "default")."""
+    out: dict[str, dict] = {}
+    for owner, table in ((cfg.cache, CACHE_FLAGS), (cfg.sched, SCHED_FLAGS), (cfg, ENGINE_FLAGS)):
+        for name, cf in table.items():
+            given = getattr(args, name, None) is not None
+            out[cf.flag] = {"value": getattr(owner, name), "default": cf.default,
+                            "source": "flag" if given else "default"}
+    out["--disable-radix-cache"] = {"value": bool(args.disable_radix_cache), "default": False,
+                                    "source": "flag" if args.disable_radix_cache else "default"}
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from radixkv.server.app import build_app
+    from radixkv.server.build import ServeOptions, build_server
+    from radixkv.server.events import KVEventsConfig
+    from radixkv.server.launch import bind, serve_forever, url_of
+    from radixkv.server.tenants import Tenants
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    try:
+        events = KVEventsConfig() if args.kv_events_config is None else \
+            KVEventsConfig.from_json(args.kv_events_config)
+    except ValueError as e:
+        raise ValueError(f"--kv-events-config: {e}") from None
+    opts = ServeOptions(model=args.model, executor=args.executor, gpu=args.gpu,
+                        served_model_name=args.served_model_name,
+                        max_model_len=args.max_model_len, enable_metrics=args.enable_metrics,
+                        kv_events=events,
+                        tenants=Tenants.load(args.api_keys) if args.api_keys else Tenants(),
+                        allow_client_cache_salt=args.allow_client_cache_salt,
+                        device=args.device, dtype=args.dtype, threads=args.threads,
+                        tokenizer=args.tokenizer, seed=args.seed or 0)
+    if args.executor == "sim":
+        bpt, default = MODEL_SPECS[args.model].kv_bytes_per_token_per_gpu, SIM_DEFAULT_TOKENS
+    else:
+        bpt, default = None, TORCH_DEFAULT_TOKENS
+    rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=default)
+    cfg = rc.engine(rc.caches[0])
+    check_pool(cfg)
+    sock = bind(args.host, args.port)            # before the model loads: a busy port fails fast
+    try:
+        state = build_server(opts, cfg, flag_table(args, cfg))
+        url = url_of(sock)
+
+        def ready() -> None:
+            print(f"radixkv serve: listening on {url} ({state.info['executor']}, "
+                  f"{state.info['cache']}, KV {cfg.kv_capacity:,} tokens)", flush=True)
+        state.on_ready = ready
+        serve_forever(build_app(state), sock, args.log_level)
+    finally:
+        sock.close()
+    print("radixkv serve: stopped", file=sys.stderr, flush=True)
+    return 0

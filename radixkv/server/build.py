@@ -1,0 +1,141 @@
+"""Everything a server is made of, built from its options and engine configuration: the
+executor (a real model, or the simulated GPU), the engine and its thread, the tokenizer and
+chat template, metrics, KV-event publisher and tenants. `radixkv serve` and the tests both
+build servers here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from radixkv import __version__
+from radixkv.config import EngineConfig
+from radixkv.engine.engine import Engine
+from radixkv.server.app import ServerState
+from radixkv.server.events import KVEventsConfig, make_publisher
+from radixkv.server.metrics import ServerMetrics
+from radixkv.server.tenants import Tenants
+from radixkv.server.text import ChatTemplate
+from radixkv.server.worker import EngineWorker
+from radixkv.shapes import MODEL_CONFIGS
+from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
+from radixkv.validate import choice, positive_int
+
+EXECUTORS = ("torch", "sim")
+# what the simulated GPU "generates" with the byte tokenizer: lowercase text that round-trips
+SIM_OUTPUT = b"the quick brown fox jumps over the lazy dog "
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model: str = "tiny-llama"                 # a named shape or a checkpoint directory
+    executor: str = "torch"
+    gpu: str = "h100-sxm"                     # sim: the cost model's GPU
+    served_model_name: str | None = None      # the API's model id (default: `model`)
+    max_model_len: int | None = None          # default: the model's context
+    enable_metrics: bool = False
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    tenants: Tenants = field(default_factory=Tenants)
+    allow_client_cache_salt: bool = False
+    device: str | None = None                 # torch: cpu | cuda | cuda:N
+    dtype: str | None = None                  # torch: bfloat16 | float16 | float32
+    threads: int = 1                          # torch on the CPU: intra-op threads
+    tokenizer: str | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        choice(self.executor, "executor", EXECUTORS)
+        positive_int(self.threads, "threads")
+        if self.max_model_len is not None:
+            positive_int(self.max_model_len, "max_model_len")
+        if self.executor == "sim":
+            choice(self.model, "simulated model", MODEL_SPECS)
+            choice(self.gpu, "gpu", GPU_SPECS)
+        elif self.model not in MODEL_CONFIGS and not Path(self.model).is_dir():
+            raise ValueError(f"unknown model {self.model!r}: not a named shape "
+                             f"({', '.join(MODEL_CONFIGS)}) nor a checkpoint directory")
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+
+def _torch_parts(opts: ServeOptions, cfg: EngineConfig) -> tuple[Any, Any, Any]:
+    """(executor, model args, sampling factory) of the real model."""
+    import torch
+
+    from radixkv.model.executor import TorchExecutor, default_dtype
+    from radixkv.model.sampling import SamplingParams
+    from radixkv.model.setup import check_kv_memory, model_args, torch_device
+
+    margs = model_args(opts.model)
+    dev = torch_device(opts.device)
+    dtype = getattr(torch, opts.dtype) if opts.dtype else default_dtype(dev)
+    check_kv_memory(margs, cfg.kv_capacity, margs.kv_bytes_per_token(dtype.itemsize), dev, dtype)
+    if dev.type == "cpu":
+        torch.set_num_threads(opts.threads)
+    ex = TorchExecutor.from_config(opts.model, cfg.kv_capacity, seed=opts.seed, device=dev,
+                                   dtype=dtype)
+
+    def sampling(body, max_tokens: int):
+        return SamplingParams(body.temperature, body.top_p, max(body.top_k, 0), body.seed,
+                              max_tokens)
+    return ex, margs, sampling
+
+
+def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = None) -> ServerState:
+    """A ServerState ready for build_app; `flags` is the resolved flag table /server_info
+    shows (commands/serve.py makes it)."""
+    from radixkv.model.tokenizer import load_tokenizer        # no torch needed
+
+    events_on = opts.kv_events.enable_kv_cache_events and cfg.cache.kind != "none"
+    if events_on:
+        cfg = cfg.with_(cache=dataclasses.replace(cfg.cache, enable_events=True))
+    tok_path = opts.tokenizer
+    if tok_path is None and Path(opts.model).is_dir() and (Path(opts.model) / "tokenizer.json").is_file():
+        tok_path = str(Path(opts.model) / "tokenizer.json")
+    tokenizer = load_tokenizer(tok_path)
+    if opts.executor == "sim":
+        from radixkv.sim.costmodel import CostModel
+        from radixkv.sim.executor import SimExecutor
+        cost = CostModel.named(opts.model, opts.gpu)
+        ex = SimExecutor(cost, output_ids=[i for i in tokenizer.encode(SIM_OUTPUT.decode())])
+        margs, make_sampling = MODEL_SPECS[opts.model].model, None
+    else:
+        ex, margs, make_sampling = _torch_parts(opts, cfg)
+    max_len = min(opts.max_model_len or margs.max_seq_len, margs.max_seq_len)
+    engine = Engine(cfg, cfg.cache.build(), ex)
+    metrics = ServerMetrics(opts.name) if opts.enable_metrics else None
+    publisher = make_publisher(opts.kv_events, cfg.cache.page_size) if events_on else None
+    worker = EngineWorker(engine, pace=opts.executor == "sim", metrics=metrics, publisher=publisher)
+    model_dir = opts.model if Path(opts.model).is_dir() else None
+    state = ServerState(
+        worker=worker, tokenizer=tokenizer, template=ChatTemplate.for_model(tokenizer, model_dir),
+        model_name=opts.name, max_model_len=max_len, vocab_size=margs.vocab_size,
+        eos_id=margs.eos_id if margs.eos_id is not None else tokenizer.eos_id,
+        tenants=opts.tenants, allow_client_cache_salt=opts.allow_client_cache_salt,
+        metrics=metrics, make_sampling=make_sampling)
+    if publisher is not None:
+        state.closers.append(publisher.close)
+    cache_off = None
+    if cfg.cache.kind == "none":
+        given = (flags or {}).get("--disable-radix-cache", {}).get("source") == "flag"
+        cache_off = ("--disable-radix-cache" if given else "--cache none") + \
+            ": no prefix is cached; every prompt token is computed"
+    state.info = {
+        "version": __version__, "model": opts.name, "model_source": opts.model,
+        "executor": ex.name, "max_model_len": max_len, "vocab_size": margs.vocab_size,
+        "kv_capacity": cfg.kv_capacity, "cache": cfg.cache.label,
+        "cache_enabled": cache_off is None, "cache_disabled_reason": cache_off,
+        "chat_template": state.template.name,
+        "tenants": len(opts.tenants.keys), "shared_namespace": opts.tenants.shared_namespace,
+        "allow_client_cache_salt": opts.allow_client_cache_salt,
+        "metrics": opts.enable_metrics,
+        "kv_events": {**dataclasses.asdict(opts.kv_events),
+                      "endpoint": publisher.endpoint if publisher else None,
+                      "replay_endpoint": publisher.replay_endpoint if publisher else None},
+        "flags": flags or {},
+    }
+    return state

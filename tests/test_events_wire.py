@@ -1,0 +1,163 @@
+"""KV events on the wire: vLLM's positional msgpack layout, merging a cache's page events into
+vLLM events, the page hashes a router computes, and KVIndex's pure part (no sockets)."""
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import pytest
+
+from radixkv.cache.blockhash import BlockHashCache
+from radixkv.cache.events import KVEvent, chain_hash
+from radixkv.cache.nocache import NoCache
+from radixkv.cache.pool import SlotPool
+from radixkv.cache.radix import RadixCache
+from radixkv.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVIndex,
+                            decode_batch, encode_batch, page_hashes, to_wire)
+
+from tests.cache._helpers import key, toks
+
+
+def raw(payload: bytes):
+    return msgspec.msgpack.decode(payload)
+
+
+def stored(h, parent, tokens):
+    return KVEvent("stored", h, parent, tuple(tokens))
+
+
+def test_batch_layout_is_vllms_positional_layout():
+    events = [BlockStored([11, 12], None, toks(0, 8), 4, None, "GPU"),
+              BlockRemoved([12], "GPU"), AllBlocksCleared()]
+    payload = encode_batch(1.5, events, 0)
+    assert raw(payload) == [1.5, [["BlockStored", [11, 12], None, toks(0, 8), 4, None, "GPU"],
+                                  ["BlockRemoved", [12], "GPU"], ["AllBlocksCleared"]], 0]
+    assert raw(encode_batch(2.0, [], None)) == [2.0, [], None]  # array-like: every field is sent
+    batch = decode_batch(payload)
+    assert isinstance(batch, KVEventBatch)
+    assert (batch.ts, batch.events, batch.data_parallel_rank) == (1.5, events, 0)
+    big = 2**64 - 1                                             # hashes are unsigned 64-bit
+    assert decode_batch(encode_batch(0.0, [BlockRemoved([big], "GPU")])).events[0].block_hashes == [big]
+
+
+def test_decode_rejects_a_malformed_payload():
+    with pytest.raises(ValueError, match="malformed KV event batch"):
+        decode_batch(msgspec.msgpack.encode([1.0, [["BlockGone", [1]]]]))
+
+
+def test_to_wire_merges_chained_stored_runs_and_removed_runs():
+    events = [stored(1, None, [0, 1]), stored(2, 1, [2, 3]), stored(3, 2, [4, 5]),
+              stored(7, 1, [8, 9]),                   # a new branch: its parent is not 3
+              KVEvent("removed", 3), KVEvent("removed", 2),
+              stored(9, None, [5, 5]),
+              KVEvent("removed", 9), KVEvent("cleared"), KVEvent("cleared")]
+    wire = to_wire(events, 2)
+    assert [raw(msgspec.msgpack.encode(e)) for e in wire] == [
+        ["BlockStored", [1, 2, 3], None, [0, 1, 2, 3, 4, 5], 2, None, "GPU"],
+        ["BlockStored", [7], 1, [8, 9], 2, None, "GPU"],
+        ["BlockRemoved", [3, 2], "GPU"],
+        ["BlockStored", [9], None, [5, 5], 2, None, "GPU"],
+        ["BlockRemoved", [9], "GPU"],
+        ["AllBlocksCleared"], ["AllBlocksCleared"]]
+    assert to_wire([], 2) == []
+
+
+def test_to_wire_rejects_a_page_of_another_size_and_an_unknown_kind():
+    with pytest.raises(ValueError, match="has 3 tokens, not block_size 2"):
+        to_wire([stored(1, None, [0, 1, 2])], 2)
+    with pytest.raises(ValueError, match="unknown KV event kind 'moved'"):
+        to_wire([KVEvent("moved", 1)], 2)       # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):
+        to_wire([], 0)
+
+
+@pytest.mark.parametrize("algo", ["sha256", "xxhash"])
+def test_page_hashes_equal_what_the_caches_emit(algo):
+    T = toks(100, 14)                                    # 3 whole pages of 4 and a partial one
+    radix = RadixCache(page_size=4, enable_events=True, hash_algo=algo)
+    block = BlockHashCache(block_size=4, enable_events=True, hash_algo=algo)
+    radix.insert(key(T), np.arange(14))
+    block.insert(key(T[:12]), np.arange(12))
+    want = page_hashes(T, (None, None), 4, algo)
+    assert len(want) == 3
+    assert [e.block_hash for e in radix.take_events()] == want
+    assert [e.block_hash for e in block.take_events()] == want
+    assert radix.page_hashes() == block.page_hashes() == set(want)
+    assert want[0] == chain_hash(None, (None, None), key(T).page(0, 4), algo)
+
+
+def test_page_hashes_differ_across_namespaces_and_follow_each_caches_salt_rule():
+    T = toks(0, 8)
+    plain = page_hashes(T, (None, None), 4)
+    salted = page_hashes(T, (None, "tenant-a"), 4)
+    lora = page_hashes(T, ("lora-1", None), 4)
+    assert len({*plain, *salted, *lora}) == 6
+    radix = RadixCache(page_size=4, enable_events=True)
+    radix.insert(key(T, (None, "tenant-a")), np.arange(8))
+    assert [e.block_hash for e in radix.take_events()] == salted      # the salt in every page
+    block = BlockHashCache(block_size=4, enable_events=True)
+    block.insert(key(T, (None, "tenant-a")), np.arange(8))
+    first_only = page_hashes(T, (None, "tenant-a"), 4, salt_first_only=True)
+    assert [e.block_hash for e in block.take_events()] == first_only  # vLLM: first block only
+    assert first_only[0] == salted[0] and first_only[1] != salted[1]
+    assert page_hashes(T, ("lora-1", None), 4, salt_first_only=True) == lora
+    assert page_hashes(toks(0, 3), (None, None), 4) == []
+    with pytest.raises(ValueError, match="namespace must be a tuple"):
+        page_hashes(T, "tenant-a", 4)
+    with pytest.raises(ValueError, match="unknown hash 'md5'"):
+        page_hashes(T, (None, None), 4, "md5")
+
+
+def test_page_hashes_capability_needs_events():
+    with pytest.raises(ValueError, match="radix p4 lru node-evict: page_hashes needs a cache "
+                                         "built with enable_events=True"):
+        RadixCache(page_size=4).page_hashes()
+    with pytest.raises(ValueError, match="enable_events=True"):
+        BlockHashCache(block_size=4).page_hashes()
+    assert NoCache(page_size=4).page_hashes() == set()
+
+
+def test_blockhash_page_hashes_track_duplicates_and_evictions():
+    c, pool = BlockHashCache(block_size=4, enable_events=True), SlotPool(64, page_size=4)
+    P = toks(0, 8)
+    h = page_hashes(P, (None, None), 4)
+    c.insert(key(P), pool.alloc(8))
+    c.insert(key(P), pool.alloc(8))                      # identical content cached twice
+    index = KVIndex()
+    index.apply(0, decode_batch(encode_batch(0.0, to_wire(c.take_events(), 4))))
+    assert c.free_queue_ids() == [1, 0, 3, 2]
+    pool.free(c.evict(4))                                # block 1: one copy of page 2 goes
+    index.apply(1, KVEventBatch(0.0, to_wire(c.take_events(), 4)))
+    assert c.page_hashes() == index.hashes() == set(h)  # the other copy still holds it
+    pool.free(c.evict(8))                                # blocks 0 and 3
+    index.apply(2, KVEventBatch(0.0, to_wire(c.take_events(), 4)))
+    assert c.page_hashes() == index.hashes() == {h[0]}
+
+
+def test_index_applies_stored_removed_and_cleared():
+    index = KVIndex()
+    assert (len(index), index.last_seq, index.gaps, index.missed) == (0, -1, 0, 0)
+    assert index.apply(0, KVEventBatch(1.0, [BlockStored([1, 2, 3], None, toks(0, 6), 2, None, "GPU"),
+                                             BlockStored([4], 1, [9, 9], 2, None, "GPU")]))
+    assert index.hashes() == {1, 2, 3, 4} and len(index) == 4 and 2 in index and 5 not in index
+    assert index.parents == {1: None, 2: 1, 3: 2, 4: 1}
+    assert index.prefix_match([1, 2, 3, 8]) == 3
+    assert index.prefix_match([1, 4]) == 2
+    assert index.prefix_match([2, 3]) == 2            # held hashes chain from their parents
+    assert index.prefix_match([8, 1]) == 0 and index.prefix_match([]) == 0
+    assert index.apply(1, KVEventBatch(2.0, [BlockRemoved([3, 2, 77], "GPU")]))   # 77: unknown
+    assert index.hashes() == {1, 4} and index.prefix_match([1, 2, 3]) == 1
+    assert not index.apply(1, KVEventBatch(3.0, [AllBlocksCleared()]))           # not newer
+    assert index.hashes() == {1, 4} and index.last_seq == 1
+    assert index.apply(4, KVEventBatch(4.0, [AllBlocksCleared()]))               # 2, 3 lost
+    assert (len(index), index.parents, index.last_seq, index.gaps, index.missed) == (0, {}, 4, 1, 2)
+    with pytest.raises(ValueError, match="seq must be an int >= 0, got -3"):
+        index.apply(-3, KVEventBatch(0.0, []))
+
+
+def test_index_without_sockets_refuses_network_calls():
+    index = KVIndex()
+    with pytest.raises(ValueError, match="needs a connected index"):
+        index.poll(0)
+    with pytest.raises(ValueError, match="needs a replay endpoint"):
+        index.catch_up()
+    index.close()                                        # nothing to close: no error
