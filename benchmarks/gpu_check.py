@@ -7,6 +7,12 @@
    3 turns, 16-32 forced reply tokens, 12 RAG requests), radix vs no cache: prefill tokens,
    wall time, TTFT p50, tokens/s and the speed-up, as a markdown table (--out FILE or stdout).
 
+3. Simulator fidelity: calibrate the same model (radixkv.calibration, the CUDA grid), then run
+   the support workload on the real engine and on the profiled simulator: TTFT p50/p90, E2E
+   p50/p90, makespan and each relative error (the `radixkv validate` table).
+4. Attention backends: the timing of 2. with the paged (flex_attention) backend and with the
+   reference sdpa backend (padded gather), radix vs no cache.
+
     python benchmarks/gpu_check.py --out results.md
     python benchmarks/gpu_check.py --dry-run          # tiny-llama on the CPU, small workload
 """
@@ -86,9 +92,37 @@ def correctness(device: str, scale: float = 1.0) -> list[tuple[str, str]]:
     return rows
 
 
-def timing(model: str, device: str, dtype: torch.dtype, wl_kw: dict, kv_capacity: int) -> list[dict]:
+def fidelity(model: str, device: str, dtype: torch.dtype, wl_kw: dict, kv_capacity: int) -> str:
+    """Calibrate, then the validate table on the support workload (markdown)."""
+    from radixkv.calibration import Grid, calibrate, pool_slots
+    from radixkv.fidelity import compare_reports, run_real, run_simulated
+    grid = Grid.for_device(torch.device(device)) if device != "cpu" else Grid(repeats=1)
+    ex = TorchExecutor.from_config(model, max(pool_slots(grid.points()), kv_capacity), seed=0,
+                                   device=device, dtype=dtype)
     t0 = time.perf_counter()
-    ex = TorchExecutor.from_config(model, kv_capacity, seed=0, device=device, dtype=dtype)
+    prof = calibrate(ex, grid)
+    r = prof.residuals
+    log(f"calibrated {ex.name} ({ex.attention.name}) in {time.perf_counter() - t0:.0f} s: rms "
+        f"{r.rms:.1%}, max {r.max_abs:.1%}, {r.outliers} outliers")
+    wl = make_workload("support", **wl_kw, vocab_size=ex.args.vocab_size, seed=1)
+    cfg = EngineConfig(kv_capacity=kv_capacity, cache=CacheConfig("radix"))
+    real, rb = run_real(wl, cfg, ex)
+    sim, sb = run_simulated(wl, cfg, prof.cost_model())
+    fid = compare_reports(real, rb, sim, sb)
+    lines = [f"Fidelity: {ex.name} ({ex.attention.name}), fit rms {r.rms:.1%} over {r.samples} "
+             f"steps; support seed 1 (unseen by the fit)", "",
+             "| metric | real s | simulated s | error |", "|---|---:|---:|---:|"]
+    lines += [f"| {m.metric} | {m.real:.4f} | {m.simulated:.4f} | {m.relative_error:+.1%} |"
+              for m in fid.rows]
+    log(f"fidelity: worst {fid.worst.metric} {fid.worst.relative_error:+.1%}")
+    return "\n".join(lines) + "\n"
+
+
+def timing(model: str, device: str, dtype: torch.dtype, wl_kw: dict, kv_capacity: int,
+           attention: str | None = None) -> list[dict]:
+    t0 = time.perf_counter()
+    ex = TorchExecutor.from_config(model, kv_capacity, seed=0, device=device, dtype=dtype,
+                                   attention=attention)
     log(f"{ex.name}: {ex.args.num_params / 1e6:,.0f}M params, KV pool {ex.kv.nbytes / 2**30:.1f} GiB, "
         f"built in {time.perf_counter() - t0:.1f} s")
     wl = make_workload("support", **wl_kw, vocab_size=ex.args.vocab_size)
@@ -107,8 +141,9 @@ def timing(model: str, device: str, dtype: torch.dtype, wl_kw: dict, kv_capacity
         t0, busy0 = time.perf_counter(), ex.busy_s
         s = eng.run_until_idle().summary()
         wall, busy = time.perf_counter() - t0, ex.busy_s - busy0
-        rows[kind] = (dict(cache=kind, requests=s["requests"], prompt=s["prompt_tokens"],
+        rows[kind] = (dict(cache=f"{kind} ({ex.attention.name})", requests=s["requests"], prompt=s["prompt_tokens"],
                          hit=s["hit_rate"], prefill=s["prefill_tokens"], wall=wall,
+                         out=s["output_tokens"],
                          ttft=s["ttft_p50"], tps=(s["prompt_tokens"] + s["output_tokens"]) / wall,
                          steps=s["steps"]))
         log(f"{kind}: {wall:.1f} s ({busy:.1f} s in the executor), {s['prefill_tokens']:,} "
@@ -116,16 +151,19 @@ def timing(model: str, device: str, dtype: torch.dtype, wl_kw: dict, kv_capacity
     return [rows["radix"], rows["none"]]
 
 
+
 def markdown(title: str, checks: list[tuple[str, str]], rows: list[dict]) -> str:
     lines = [f"## {title}", ""]
     if checks:
         lines += ["| correctness | result |", "|---|---|"] + [f"| {a} | {b} |" for a, b in checks] + [""]
-    base = next(r for r in rows if r["cache"] == "none")
+    base = next(r for r in rows if r["cache"].startswith("none"))
     lines += ["| cache | requests | prompt tokens | hit rate | prefill tokens | wall s | TTFT p50 ms "
-              "| tok/s | steps | speed-up |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| tok/s | decode tok/s | steps | speed-up |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['cache']} | {r['requests']} | {r['prompt']:,} | {100 * r['hit']:.1f}% | "
                      f"{r['prefill']:,} | {r['wall']:.2f} | {1e3 * r['ttft']:.1f} | {r['tps']:,.0f} | "
+                     f"{r['out'] / r['wall']:,.0f} | "
                      f"{r['steps']} | {base['wall'] / r['wall']:.2f}x |")
     return "\n".join(lines) + "\n"
 
@@ -141,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, nargs=2, default=(16, 32), metavar=("MIN", "MAX"))
     ap.add_argument("--kv-capacity", type=int, default=131072, metavar="TOKENS")
     ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--skip-fidelity", action="store_true", help="no calibrate + validate run")
     ap.add_argument("--threads", type=int, help="CPU intra-op threads (--dry-run: 1)")
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny-llama on the CPU, fp32, shorter prompts and 4 users x 2 turns of the "
@@ -164,9 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     log(f"device {a.device} ({where}), torch {torch.__version__}")
     checks = [] if a.skip_correctness else correctness(a.device, scale)
-    rows = timing(a.model, a.device, getattr(torch, a.dtype), wl_kw, a.kv_capacity)
+    dtype = getattr(torch, a.dtype)
+    rows = timing(a.model, a.device, dtype, wl_kw, a.kv_capacity)
     md = markdown(f"radixkv engine on {where}: {a.model} ({a.dtype}), support "
                   f"{wl_kw['num_users']} users x {wl_kw['turns']} turns", checks, rows)
+    if not a.skip_fidelity:
+        md += "\n" + fidelity(a.model, a.device, dtype, wl_kw, a.kv_capacity)
+    other = "sdpa" if rows[0]["cache"].endswith("(paged)") else "paged"
+    ref = timing(a.model, a.device, dtype, wl_kw, a.kv_capacity, attention=other)
+    md += "\n" + markdown(f"attention backends: {rows[0]['cache'].split('(')[1][:-1]} vs {other}",
+                          [], rows + ref)
     if a.out:
         a.out.write_text(md)
         log(f"wrote {a.out}")

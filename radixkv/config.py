@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from radixkv.validate import choice, fraction, int_at_least, positive_int
+from radixkv.validate import choice, finite_at_least, fraction, int_at_least, positive_int
 
 
 def _ints(obj, *names: str, lo: int = 1) -> None:
@@ -52,11 +52,24 @@ class CacheConfig:
         "leaves, which may free more than asked; page: exactly the pages asked for, trimmed "
         "from the end of the least-recent leaf)", choices="radixkv.cache.radix:EVICT_GRANULARITIES",
         caches=("radix",)))
+    retention_horizon: float = field(default=30.0, metadata=_flag(
+        "--retention-horizon", "retention eviction: seconds of recency one priority level buys "
+        "a prefix", caches=("radix",)))
+    max_pinned_tokens: int = field(default=0, metadata=_flag(
+        "--max-pinned-tokens", "tokens pinned prefixes may hold; 0: a quarter of the KV pool",
+        caches=("radix",)))
+    host_kv_tokens: int = field(default=0, metadata=_flag(
+        "--host-kv-tokens", "host-memory tier below the radix cache, in tokens; 0: none",
+        caches=("radix",)))
+    host_write_policy: str = field(default="write_back", metadata=_flag(
+        "--hicache-write-policy", "when device KV is copied to the host tier",
+        choices="radixkv.cache.host_tier:WRITE_POLICIES", caches=("radix",)))
     enable_events: bool = False
 
     def __post_init__(self):
         from radixkv.cache.events import HASH_ALGOS
         from radixkv.cache.factory import CACHES
+        from radixkv.cache.host_tier import WRITE_POLICIES
         from radixkv.cache.policies import EVICTION_POLICIES
         from radixkv.cache.radix import EVICT_GRANULARITIES
         _choice(self, "kind", "cache", CACHES)
@@ -65,6 +78,12 @@ class CacheConfig:
         _choice(self, "eviction", "eviction policy", EVICTION_POLICIES)
         _choice(self, "hash_algo", "hash", HASH_ALGOS)
         _choice(self, "evict_granularity", "evict granularity", EVICT_GRANULARITIES)
+        _choice(self, "host_write_policy", "host write policy", WRITE_POLICIES)
+        _ints(self, "max_pinned_tokens", "host_kv_tokens", lo=0)
+        finite_at_least(self.retention_horizon, "CacheConfig.retention_horizon", 0)
+        if self.host_kv_tokens % self.page_size:
+            raise ValueError(f"CacheConfig.host_kv_tokens: {self.host_kv_tokens} is not a "
+                             f"multiple of page size {self.page_size}")
         if self.kind == "blockhash" and self.eviction != "lru":
             raise ValueError(f"blockhash caches evict in LRU order only, got eviction={self.eviction!r}")
 
@@ -72,10 +91,17 @@ class CacheConfig:
         """A fresh cache of this configuration (extra: clock, oracle, ...)."""
         from radixkv.cache.factory import make_cache
         if self.kind == "radix":
+            from radixkv.cache.host_tier import HostTier
             params = {"threshold": self.slru_threshold} if self.eviction == "slru" else {}
+            if self.eviction == "retention":
+                params = {"horizon": self.retention_horizon}
+            host = HostTier(self.host_kv_tokens, self.page_size, self.host_write_policy) \
+                if self.host_kv_tokens else None
             return make_cache("radix", page_size=self.page_size, eviction_policy=self.eviction,
                               enable_events=self.enable_events, hash_algo=self.hash_algo,
-                              evict_granularity=self.evict_granularity, **params, **extra)
+                              evict_granularity=self.evict_granularity,
+                              max_pinned_tokens=self.max_pinned_tokens or None, host_tier=host,
+                              **params, **extra)
         if self.kind == "blockhash":
             return make_cache("blockhash", block_size=self.page_size, hash_algo=self.hash_algo,
                               enable_events=self.enable_events)
@@ -114,6 +140,12 @@ class SchedulerConfig:
     lpm_fallback_threshold: int = field(default=0, metadata=_flag(   # SGLang uses 128
         "--lpm-fallback-threshold", "lpm orders as fcfs while more requests than this wait; "
         "0: never"))
+    lpm_max_wait: float = field(default=6.0, metadata=_flag(         # seconds; by measurement
+        "--lpm-max-wait", "lpm and dfs-weight admit requests waiting longer than this many "
+        "seconds first, fcfs among them; 0: never"))
+    queue_aware_eviction: bool = field(default=True, metadata=_flag(   # on: by measurement
+        "--disable-queue-aware-eviction", "evict what a waiting request will hit like anything "
+        "else, instead of only when nothing else is evictable", negate=True))
     retract_policy: str = field(default="most-remaining", metadata=_flag(
         "--retract-policy", "which running request is retracted when decode runs out of KV",
         choices="radixkv.sched.policy:RETRACT_ORDERS"))
@@ -138,6 +170,7 @@ class SchedulerConfig:
         _ints(self, "max_prefill_tokens", "max_running_requests")
         _ints(self, "chunked_prefill_size", "dedup_check_threshold", "dedup_hold_threshold",
               "lpm_fallback_threshold", "seed", lo=0)
+        finite_at_least(self.lpm_max_wait, "SchedulerConfig.lpm_max_wait", 0)
         for n in ("init_new_token_ratio", "min_new_token_ratio", "new_token_ratio_decay"):
             fraction(getattr(self, n), f"SchedulerConfig.{n}")
         if self.min_new_token_ratio > self.init_new_token_ratio:

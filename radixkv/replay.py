@@ -120,7 +120,8 @@ def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int |
     for i, r in enumerate(reqs):
         key = RadixKey(r.prompt, r.extra_key, r.cache_salt)
         out, filler = computed_output(r, filler)
-        req = CacheReq(key, priority=r.priority)
+        mgr.tick(r.arrival)                               # pins expire on the trace's clock
+        req = CacheReq(key, priority=r.priority, pin_ttl=r.pin_ttl)
         hit = mgr.admit(req, key[:-1], len(key))          # match, lock, slots for the prompt
         if hit is None:
             raise ValueError(f"capacity {slots_total:,} tokens is smaller than one request: "

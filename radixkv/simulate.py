@@ -38,6 +38,10 @@ def run_config(workload, cfg: EngineConfig, cost: CostModel,
         on_admit, extra = oracle.admitted, {"oracle": oracle, "clock": logical_clock()}
     else:
         extra = {"clock": logical_clock()} if cfg.cache.kind == "radix" else {}
+    if cfg.cache.eviction == "cost":
+        # recompute time of a leaf's tokens at its depth, from the cost model
+        rate = cost.model_spec.tp * cost.gpu.achieved_flops
+        extra["token_cost"] = lambda depth, n: cost.prefill_flops([(depth, n)]) / rate
     loop = None if max_concurrency is None else \
         ClosedLoop(reqs, [tr.session for tr in workload], max_concurrency)
     engine = Engine(cfg, cfg.cache.build(**extra), SimExecutor(cost), on_admit=on_admit,

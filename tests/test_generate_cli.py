@@ -100,7 +100,8 @@ def test_gpu_check_dry_run(tmp_path, capsys):
     out = tmp_path / "gpu.md"
     assert load_script("gpu_check").main(["--dry-run", "--out", str(out)]) == 0
     md = out.read_text()
-    assert md.count("PASS") == 2 and "| radix |" in md and "| none |" in md and "1.00x" in md
+    assert md.count("PASS") == 2 and "| radix (sdpa) |" in md and "| none (sdpa) |" in md and "1.00x" in md
+    assert "| ttft_p50 |" in md and "| radix (paged) |" in md
 
 
 def test_gpu_check_fails_fast_without_cuda(capsys):

@@ -11,6 +11,12 @@
     workloads/  nothing from sched, engine, model or sim
     events      the KV-event wire format and index: the cache's events only
     server/     the HTTP server: anything below it, never the commands or the cli
+    router/     routing policies and the cluster simulator: the engine and the simulated GPU, never
+                torch, the server, the commands or the cli
+    calibration, fidelity: the real executor timed and compared with the simulator; never the
+                server, the routers or the commands
+    ray_router  the Ray Serve RequestRouter: the routers inside a server deployment, never the
+                commands or the cli
     bench_serve, bench_stats, serve_process: the HTTP load client, which speaks to any
                 OpenAI-compatible server: never the engine or the server's code
     shapes, validate, registry: leaves (validate and registry are used by every layer)
@@ -39,6 +45,10 @@ FORBIDDEN = {
     "workloads": {"sched", "engine", "model", "sim"} | _TOP,
     "events": {"sched", "engine", "model", "sim", "workloads", "config"} | _TOP,
     "server": {"commands", "cli", "router", "__main__", "plot", "simulate", "replay"},
+    "router": {"model", "server", "commands", "cli", "__main__", "ray_router"},
+    **{tool: {"server", "router", "commands", "cli", "__main__"}
+       for tool in ("calibration", "fidelity")},
+    "ray_router": {"commands", "cli", "__main__", "plot", "simulate", "replay"},
     **{client: {"cache", "sched", "engine", "model", "sim", "server", "router", "commands",
                 "cli", "__main__"} for client in ("bench_serve", "bench_stats", "serve_process")},
     "shapes": {"cache", "sched", "engine", "model", "sim", "workloads", "config"} | _TOP,
@@ -46,7 +56,7 @@ FORBIDDEN = {
                  "registry"} | _TOP,
     "registry": {"cache", "sched", "engine", "model", "sim", "workloads", "config", "shapes"} | _TOP,
 }
-NO_TORCH = {"cache", "sim", "events"}
+NO_TORCH = {"cache", "sim", "events", "router"}
 
 
 def module_name(path: Path) -> str:

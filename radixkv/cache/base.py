@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -50,6 +50,8 @@ class CacheReq:
     cached_len: int = 0
     last_node: Any = None
     priority: int = 0
+    pin_ttl: float = 0.0     # > 0: pin the prompt for this many seconds once it is cached
+    host_loaded: int = 0     # tokens of its last admission loaded from the host tier
 
     def extend_slots(self, new: np.ndarray) -> None:
         self.slots = np.concatenate([self.slots, new])
@@ -178,6 +180,49 @@ class PrefixCache(ABC):
         if not self.enable_events:
             raise ValueError(f"{self.label}: page_hashes needs a cache built with enable_events=True")
         return self._page_hashes()
+
+    # ---- operator controls (a cache without them: no-ops, or a ValueError naming it) --------
+    def advance(self, now: float) -> None:
+        """The caller's time in seconds (the engine's clock): pins whose deadline has passed
+        are dropped, and the retention order dates priorities by it. Never goes back."""
+
+    def pin(self, key, ttl: float) -> int:
+        """Keep the cached prefix of `key` from eviction for `ttl` seconds of `advance` time
+        (again: a later deadline). Returns the pinned length. Raises ValueError, changing
+        nothing, when no page of `key` is cached, ttl is not positive, or the pinned size would
+        pass the pin budget."""
+        return self._pin(as_key(key), ttl)
+
+    def unpin(self, key) -> int:
+        """Drop `key`'s pin now (its prefix returns to the eviction order); returns its
+        length. Raises ValueError, changing nothing, when `key` is not pinned."""
+        return self._unpin(as_key(key))
+
+    def _pin(self, key: RadixKey, ttl: float) -> int:
+        raise ValueError(f"the {self.label} cache cannot pin prefixes")
+
+    def _unpin(self, key: RadixKey) -> int:
+        raise ValueError(f"the {self.label} cache cannot pin prefixes")
+
+    def pinned_size(self) -> int:
+        """Tokens held by pins (the union of pinned prefixes)."""
+        return 0
+
+    def default_pin_budget(self, tokens: int) -> None:
+        """The pin budget, unless one was configured (the manager passes a share of its pool)."""
+
+    def set_eviction_guard(self, keep: Callable[[Any], bool] | None) -> None:
+        """Entries `keep` returns True for are evicted only when nothing else is evictable
+        (None: no guard). Caches without an eviction order ignore it."""
+
+    def hit_handles(self, key: RadixKey, node: Any, prefix_len: int) -> list:
+        """The evictable entries a splitting match of `key` would hit at its end, given its
+        pure read (`node`, `prefix_len`): what a guard must keep for that request."""
+        return []
+
+    def host_tier(self) -> Any:
+        """The host-memory tier below this cache (cache/host_tier.py), or None."""
+        return None
 
     # ---- capabilities the scheduler asks about (instead of testing types) -------------------
     def match_stamp(self, node: Any) -> Any:

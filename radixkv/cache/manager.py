@@ -15,10 +15,16 @@ Lifecycle: `admit` (match, lock, allocate) -> `grow` (chunks, decode pages) ->
 `cache_req(finished=True)` at the end, or `release` when retracted. Each call checks
 everything before it changes anything: a refused or failed call leaves cache, pool and
 request as they were.
+
+Operator controls pass through here too: `tick(now)` gives the cache the engine's time (pins
+expire, priorities date); a request with `pin_ttl` pins what its first `cache_req` stores (its
+prompt, or first chunk); `guard(waiting)` keeps what waiting requests will hit out of the
+eviction order while anything else is evictable (queue-aware eviction); and with a host tier an
+admission whose match continues in host memory loads those pages back (`host_loaded`).
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterable
 
 import numpy as np
 
@@ -26,6 +32,9 @@ from radixkv.cache.base import MatchResult, PrefixCache
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS, OutOfSlotsError, SlotPool, round_up
 from radixkv.validate import count
+
+
+PIN_SHARE = 4          # the default pin budget: a quarter of the pool
 
 
 class CacheManager:
@@ -36,6 +45,10 @@ class CacheManager:
         self.evicted_tokens = 0
         self._memo: dict[int, tuple] = {}       # id(owner) -> (owner, key, prefix_len, node, stamp)
         self._holders: dict[int, Any] = {}      # id(req) -> req, for every request holding slots
+        self._kept: dict[int, Any] = {}         # id(handle) -> handle a waiting request will hit
+        self._pinned: set[int] = set()          # id(req) of holders whose pin_ttl was applied
+        self.host = cache.host_tier()
+        cache.default_pin_budget(pool.num_slots // PIN_SHARE)
 
     # ---- reads: never change the cache --------------------------------------------------------
     def budget(self) -> int:
@@ -59,6 +72,31 @@ class CacheManager:
 
     def forget(self, owner: Hashable) -> None:
         self._memo.pop(id(owner), None)
+
+    # ---- operator controls ----------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """The engine's time: pins past their deadline return to the eviction order."""
+        self.cache.advance(now)
+
+    def guard(self, waiting: Iterable[tuple[Hashable, RadixKey]]) -> int:
+        """Queue-aware eviction: the entries these (owner, match key) pairs would hit are
+        evicted only when nothing else is evictable, until the next call. Returns how many."""
+        kept: dict[int, Any] = {}
+        for owner, key in waiting:
+            p, node = self.cached_prefix(owner, key)
+            for h in self.cache.hit_handles(key, node, p):
+                kept[id(h)] = h
+        self._kept = kept
+        self.cache.set_eviction_guard(self._is_kept if kept else None)
+        return len(kept)
+
+    def _is_kept(self, handle: Any) -> bool:
+        return id(handle) in self._kept
+
+    def take_copies(self) -> list:
+        """The host-tier copies queued since the last call, in order (the executor runs them
+        before its next forward pass)."""
+        return self.host.take_copies() if self.host is not None else []
 
     # ---- allocation ---------------------------------------------------------------------------
     def alloc(self, n: int) -> np.ndarray:
@@ -99,12 +137,37 @@ class CacheManager:
         if need + reserve > self.budget():                   # only a cache whose lock_cost
             self.cache.dec_lock_ref(m.last_node)             # understates gets here
             return None
-        new = self.alloc(need)
-        req.slots = np.concatenate([m.slots, new]) if m.prefix_len else new
-        req.cached_len, req.last_node = m.prefix_len, m.last_node
+        got, slots, node = m.prefix_len, m.slots, m.last_node
+        if self.host is not None:
+            got, slots, node = self._load(req, key, m, upto)
+        new = self.alloc(max(round_up(upto, ps) - got, 0))
+        req.slots = np.concatenate([slots, new]) if got else new
+        req.cached_len, req.last_node = got, node
+        req.host_loaded = got - m.prefix_len
         self._holders[id(req)] = req
         self.forget(req)
-        return m.prefix_len
+        return got
+
+    def _load(self, req, key: RadixKey, m: MatchResult, upto: int) -> tuple[int, np.ndarray, Any]:
+        """Continue a device match `m` (locked) from the host tier: device slots for the host
+        pages, a queued load, and the pages back in the device tree under the request's lock.
+        At least one token of `upto` is left to compute."""
+        ps, p = self.page_size, m.prefix_len
+        cap = (upto - 1) - (upto - 1) % ps
+        if cap <= p:
+            return p, m.slots, m.last_node
+        h, host_slots, hnode = self.host.lookup(key[:cap])
+        if h <= p:
+            return p, m.slots, m.last_node
+        self.host.tree.inc_lock_ref(hnode)           # demotions while making room keep it
+        dev = self.alloc(h - p)
+        self.host.tree.dec_lock_ref(hnode)
+        self.host.load(dev, host_slots[p:h])
+        slots = np.concatenate([m.slots, dev])
+        res = self.cache.insert(key[:h], slots, priority=req.priority)
+        self.cache.inc_lock_ref(res.last_node)
+        self.cache.dec_lock_ref(m.last_node)
+        return h, slots, res.last_node
 
     def grow(self, reqs: list, n_each: int) -> None:
         """Give each request `n_each` more slots, rounded up to whole pages (a decode page, a
@@ -137,8 +200,16 @@ class CacheManager:
             return self._drop(req) if finished else EMPTY_SLOTS
         A = T - T % self.page_size
         C, slots = req.cached_len, req.slots
+        if self.host is not None and self.host.write_through:
+            self.host.store(req.key[:A], slots[:A])  # read before any duplicate is freed
         res = self.cache.insert(req.key[:A], slots[:A], priority=req.priority)
         P = res.prefix_len
+        if req.pin_ttl > 0 and id(req) not in self._pinned and A:
+            self._pinned.add(id(req))
+            try:
+                self.cache.pin(req.key[:A], req.pin_ttl)
+            except ValueError:                       # over the budget: counted, not fatal
+                pass
         if finished:
             freed = np.concatenate([slots[C:P], slots[A:]])
             self.pool.free(freed)
@@ -176,6 +247,7 @@ class CacheManager:
     def _reset(self, req) -> None:
         req.slots, req.cached_len, req.last_node = EMPTY_SLOTS, 0, None
         del self._holders[id(req)]
+        self._pinned.discard(id(req))
 
     def _check_holder(self, req) -> None:
         if self._holders.get(id(req)) is not req:

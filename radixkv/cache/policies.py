@@ -51,6 +51,7 @@ def priority(n) -> tuple:                 # lower priority first, then LRU
     return (n.priority, n.last_access, n.id)
 
 
+# stateful orders (GreedyDual-Size-Frequency, decaying priority) live in cache/orders.py
 @EVICTION_POLICIES.register("belady")
 def belady(n, oracle) -> tuple:
     # future-aware (simulation only, so the oracle is a required option): the leaf whose next
@@ -60,9 +61,11 @@ def belady(n, oracle) -> tuple:
 
 def make_sort_key(name: str, **params) -> SortKey:
     """The sort key for policy `name` with its options bound. Unknown names, unknown options
-    and missing required ones (belady's oracle) raise ValueError here, at construction."""
+    and missing required ones (belady's oracle) raise ValueError here, at construction. A
+    stateful order (an EvictionOrder class) is instantiated with the options."""
     fn = EVICTION_POLICIES.get(name)
-    options = list(inspect.signature(fn).parameters.values())[1:]
+    stateful = isinstance(fn, type)
+    options = list(inspect.signature(fn).parameters.values())[0 if stateful else 1:]
     unknown = sorted(set(params) - {p.name for p in options})
     if unknown:
         raise ValueError(f"eviction policy {name!r} takes no option(s) {unknown}")
@@ -70,4 +73,12 @@ def make_sort_key(name: str, **params) -> SortKey:
     if missing:
         raise ValueError(f"eviction policy {name!r} needs an {' and an '.join(missing)}: "
                          f"pass {', '.join(m + '=...' for m in missing)}")
+    if stateful:
+        return fn(**params)
     return partial(fn, **params) if params else fn
+
+
+from radixkv.cache.orders import CostOrder, RetentionOrder  # noqa: E402  (registered below)
+
+EVICTION_POLICIES.add("cost", CostOrder)
+EVICTION_POLICIES.add("retention", RetentionOrder)

@@ -15,6 +15,12 @@ asked for: when the least-recent leaf holds more pages than are still needed, th
 are trimmed from the end of its edge and the node stays, shorter, with the same sort key.
 Under LRU the cache then holds exactly its most recent pages, deeper pages of an edge going
 before shallower ones.
+
+Operator controls, each off by default and kept in its own module: pinned prefixes
+(cache/pins.py: a pin is a lock with a deadline), stateful orders (cache/orders.py: `cost`,
+`retention`), an eviction guard (leaves it returns True for go only when nothing else is
+evictable: the manager's queue-aware eviction), and a host tier (cache/host_tier.py) that
+receives every evicted range before its slots are returned.
 """
 from __future__ import annotations
 
@@ -27,7 +33,10 @@ import numpy as np
 
 from radixkv.cache.base import InsertResult, MatchResult, PrefixCache, as_key
 from radixkv.cache.events import KVEvent, chain_hash, check_hash_algo
+from radixkv.cache.host_tier import HostTier
 from radixkv.cache.key import RadixKey
+from radixkv.cache.orders import EvictionOrder
+from radixkv.cache.pins import PinTable
 from radixkv.cache.policies import make_sort_key
 from radixkv.cache.pool import EMPTY_SLOTS
 from radixkv.validate import choice
@@ -40,7 +49,7 @@ _versions = itertools.count(1)     # heap-entry versions, unique across nodes: t
 
 class TreeNode:
     __slots__ = ("id", "key", "value", "parent", "children", "lock_ref", "last_access",
-                 "created", "hit_count", "priority", "hashes", "hv", "cv")
+                 "created", "hit_count", "priority", "hashes", "hv", "cv", "retain")
 
     def __init__(self, key: RadixKey, value: np.ndarray, parent: "TreeNode | None", now: float):
         self.id = next(_ids)
@@ -52,6 +61,7 @@ class TreeNode:
         self.hashes: list[int] | None = None      # one chained hash per page (events on)
         self.hv = 0                               # version of this node's live heap entry
         self.cv = 0                               # bumped whenever `children` changes
+        self.retain = 0.0                         # the retention order's decaying priority stamp
 
     def __len__(self) -> int:
         return len(self.key)
@@ -78,12 +88,19 @@ class RadixCache(PrefixCache):
 
     def __init__(self, page_size: int = 1, eviction_policy: str = "lru",
                  clock: Callable[[], float] = time.monotonic, enable_events: bool = False,
-                 hash_algo: str = "sha256", evict_granularity: str = "node", **policy_params):
+                 hash_algo: str = "sha256", evict_granularity: str = "node",
+                 max_pinned_tokens: int | None = None, host_tier: HostTier | None = None,
+                 **policy_params):
         choice(evict_granularity, "evict granularity", EVICT_GRANULARITIES)
         super().__init__(page_size)
         self.evict_granularity = evict_granularity
         self.clock, self.eviction_policy = clock, eviction_policy
         self.sort_key = make_sort_key(eviction_policy, **policy_params)
+        self._order = self.sort_key if isinstance(self.sort_key, EvictionOrder) else None
+        self.keep: Callable[[TreeNode], bool] | None = None     # the eviction guard
+        self.host = host_tier
+        self.now = 0.0                            # the caller's time (advance): pins, retention
+        self.pins = PinTable(self, max_pinned_tokens)
         self.enable_events, self.hash_algo = enable_events, check_hash_algo(hash_algo)
         self._events: list[KVEvent] = []
         self.epoch = -1                           # bumped by reset(): readers holding old nodes can tell
@@ -98,6 +115,9 @@ class RadixCache(PrefixCache):
         self._evictable = self._protected = 0
         self._num_nodes = 1
         self._heap: list = []
+        self.pins.clear()
+        if self.host is not None:
+            self.host.reset()
         if self.enable_events:
             self._events.append(KVEvent("cleared"))
 
@@ -230,6 +250,8 @@ class RadixCache(PrefixCache):
                 # the insert); check_invariants() catches a slot listed twice
                 new = TreeNode(key[pos:A], slots[pos:A].copy(), node, now)
                 new.priority = priority
+                if self._order is not None:
+                    self._order.used(new, priority, self.now)
                 node.children[self._child_key(node, key, pos)] = new
                 node.cv += 1
                 self._num_nodes += 1
@@ -244,6 +266,8 @@ class RadixCache(PrefixCache):
             if k < L:
                 child = self._split(child, k)
             child.priority = max(child.priority, priority)
+            if self._order is not None:
+                self._order.used(child, priority, self.now)
             self._touch(child, now)
             pos += k
             node = child
@@ -254,19 +278,34 @@ class RadixCache(PrefixCache):
         ps = self.page_size
         trim = self.evict_granularity == "page"
         need = -(-num_tokens // ps) * ps if trim else num_tokens   # page: whole pages, no more
-        freed, total = [], 0
+        freed: list = []
+        total = self._evict_pass(need, 0, trim, freed, self.keep)
+        if total < need and self.keep is not None:                # guarded leaves, last
+            total = self._evict_pass(need, total, trim, freed, None)
+        return np.concatenate(freed) if freed else EMPTY_SLOTS
+
+    def _evict_pass(self, need: int, total: int, trim: bool, freed: list, keep) -> int:
+        """Pop candidates in order until `need` tokens are freed; leaves `keep` returns True
+        for are set aside and go back to the heap unchanged. Returns the total freed."""
+        held = []
         while total < need and self._heap:        # not a local alias: _push may compact (replace) it
             entry = heapq.heappop(self._heap)
             n = entry[-1]
             if entry[-2] != n.hv or not self._is_candidate(n):
                 continue                          # stale entry
+            if keep is not None and keep(n):
+                held.append(entry)
+                continue
             L = len(n.key)
             if trim and L > need - total:
                 self._trim(n, L - (need - total), freed)
                 # the edge's first page, bookkeeping and id are unchanged, so is its sort key:
                 # the same entry goes back and the node stays the next candidate
                 heapq.heappush(self._heap, entry)
+                total = need
                 break
+            if self.host is not None:
+                self.host.demote(path_key(n), self._path_slots(n))
             parent = n.parent
             del parent.children[self._child_key(parent, n.key, 0)]
             n.parent = None
@@ -275,15 +314,28 @@ class RadixCache(PrefixCache):
             self._evictable -= L
             total += L
             freed.append(n.value)
+            if self._order is not None:
+                self._order.evicted(entry[:-2])
             if self.enable_events:
                 self._events.extend(KVEvent("removed", h, namespace=n.key.namespace) for h in n.hashes)
             if self._is_candidate(parent):        # a dead branch cascades within this call
                 self._push(parent)
-        return np.concatenate(freed) if freed else EMPTY_SLOTS
+        for entry in held:
+            heapq.heappush(self._heap, entry)
+        return total
+
+    def _path_slots(self, n: TreeNode) -> np.ndarray:
+        parts = []
+        while n.parent is not None:
+            parts.append(n.value)
+            n = n.parent
+        return np.concatenate(parts[::-1])
 
     def _trim(self, n: TreeNode, keep: int, freed: list) -> None:
         """Drop the pages of leaf `n`'s edge after its first `keep` tokens (a page multiple)."""
         ps = self.page_size
+        if self.host is not None:
+            self.host.demote(path_key(n), self._path_slots(n))
         freed.append(n.value[keep:])
         self._evictable -= len(n.key) - keep
         n.key, n.value = n.key[:keep], n.value[:keep]
@@ -360,7 +412,52 @@ class RadixCache(PrefixCache):
         return cost
 
     def locks_held(self) -> int:
-        return self.root.lock_ref - 1             # every lock passes through the root once
+        # every lock passes through the root once; pins hold theirs, not requests
+        return self.root.lock_ref - 1 - self.pins.locks()
+
+    def edge_below(self, node: TreeNode, key: RadixKey, depth: int) -> TreeNode | None:
+        """The child of `node` whose edge holds key[depth:], or None (a pure read)."""
+        if depth + self.page_size > len(key):
+            return None
+        return node.children.get(self._child_key(node, key, depth))
+
+    def hit_handles(self, key: RadixKey, node: TreeNode, prefix_len: int) -> list[TreeNode]:
+        depth, n = 0, node
+        while n is not self.root:
+            depth += len(n.key)
+            n = n.parent
+        out = [] if node is self.root else [node]
+        child = self.edge_below(node, key, depth) if prefix_len > depth else None
+        return out + ([child] if child is not None else [])
+
+    # ---- operator controls: time, pins, the eviction guard, the host tier ------------------
+    def advance(self, now: float) -> None:
+        self.now = max(self.now, float(now))
+        self.pins.expire(self.now)
+
+    def _pin(self, key: RadixKey, ttl: float) -> int:
+        return self.pins.pin(key, ttl, self.now)
+
+    def _unpin(self, key: RadixKey) -> int:
+        return self.pins.unpin(key)
+
+    def pinned_size(self) -> int:
+        return self.pins.pinned_size()
+
+    def default_pin_budget(self, tokens: int) -> None:
+        if self.pins.budget is None:
+            self.pins.budget = int(tokens)
+
+    def set_eviction_guard(self, keep) -> None:
+        self.keep = keep
+
+    def host_tier(self) -> HostTier | None:
+        return self.host
+
+    def stats(self) -> dict[str, int]:
+        out = {"pinned_tokens": self.pinned_size(), "pins": len(self.pins),
+               "pins_refused": self.pins.refused}
+        return out | (self.host.stats() if self.host is not None else {})
 
     def lock_units(self, node: TreeNode) -> int:
         return 1
@@ -446,6 +543,9 @@ class RadixCache(PrefixCache):
         if seen_slots:
             allslots = np.concatenate(seen_slots)
             assert np.unique(allslots).size == allslots.size, "a slot is held by two tree nodes"
+        self.pins.check()
+        if self.host is not None:
+            self.host.check_invariants()
 
 
 def _demo() -> None:

@@ -17,8 +17,7 @@ from radixkv.commands.inputs import (add_concurrency_arg, add_model_args, add_wo
 from radixkv.commands.output import (Outputs, check_dir_target, console, engine_row, metadata,
                                      pct, progress_bar, seconds, workload_info)
 from radixkv.plot import plot_compare, plot_timeline
-from radixkv.sim.costmodel import CostModel
-from radixkv.sim.specs import MODEL_SPECS
+from radixkv.commands.cost import cost_from_args
 from radixkv.simulate import REFERENCE, Named, compare, reference_configs
 
 FILES = ("compare.json", "compare.png", "timeline.png")
@@ -49,7 +48,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     check_dir_target(args.out, "--out")
     clients = concurrency_from_args(args)
-    bpt = MODEL_SPECS[args.model].kv_bytes_per_token_per_gpu
+    choice = cost_from_args(args)
+    bpt = choice.kv_bytes_per_token
     rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=REFERENCE.max_total_tokens)
     capacity = rc.max_total_tokens
     if args.config:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     for nc in configs:
         check_pool(nc.cfg)
     wl = load_from_args(args, generator_defaults=REFERENCE.generator_defaults(args.workload))
-    cost = CostModel.named(args.model, args.gpu)
+    cost = choice.cost
     con = console()
     rate = wl.meta.get("rate")
     gib = capacity * bpt / 2**30
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             if clients is None else f"; closed loop, {clients} clients")
     con.print(f"workload [bold]{wl.name}[/]: {len(wl)} requests, {wl.num_prompt_tokens:,} prompt "
               f"tokens{load}")
-    con.print(f"simulated {args.model} on {args.gpu}: KV pool {capacity:,} tokens "
+    con.print(f"simulated {choice.model} on {choice.gpu}: KV pool {capacity:,} tokens "
               f"({gib:.1f} GiB); {len(configs)} configurations")
 
     t0 = time.perf_counter()
@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
     rows = [rep.summary() for _, rep in named]
 
     loop = "" if clients is None else f", {clients} clients"
-    title = f"{wl.name}: {len(wl)} requests{loop}, KV {capacity:,} tokens, {args.model} on " \
-            f"{args.gpu}"
+    title = f"{wl.name}: {len(wl)} requests{loop}, KV {capacity:,} tokens, {choice.model} on " \
+            f"{choice.gpu}"
     table = Table(title=title)
     for col in ("config", "hit rate", "prefill tok", "TTFT p50", "TTFT p99", "E2E p50",
                 "E2E p99", "out tok/s", "evicted tok", "retractions"):
@@ -98,13 +98,13 @@ def run(args: argparse.Namespace) -> int:
 
     paths = [args.out / f for f in FILES]
     with Outputs() as out:
-        out.write_json(paths[0], metadata(workload_info(wl, args.workload), model=args.model,
-                                          gpu=args.gpu, max_total_tokens=capacity,
+        out.write_json(paths[0], metadata(workload_info(wl, args.workload), model=choice.model,
+                                          gpu=choice.gpu, max_total_tokens=capacity,
                                           results=[engine_row(r) for r in rows],
                                           max_concurrency=clients))
         plot_title = f"{wl.name} · {len(wl)} requests · " + \
                      ("" if clients is None else f"{clients} clients · ") + \
-                     f"KV {capacity:,} tokens · {args.model} on {args.gpu}"
+                     f"KV {capacity:,} tokens · {choice.model} on {choice.gpu}"
         plot_compare(named, out.path(paths[1]), plot_title)
         plot_timeline(named, out.path(paths[2]), plot_title)
     con.print(f"wrote {', '.join(map(str, paths))} in {time.perf_counter() - t0:.0f} s")

@@ -57,13 +57,22 @@ def add_workload_args(p: argparse.ArgumentParser, *, positional: bool = True,
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--model, --gpu, --tp and --profile; radixkv.commands.cost resolves them."""
     g = p.add_argument_group("simulated hardware")
-    g.add_argument("--model", default="llama-3-8b", choices=sorted(MODEL_SPECS), metavar="NAME",
+    g.add_argument("--model", choices=sorted(MODEL_SPECS), metavar="NAME",
                    help=f"model of the cost model and its KV bytes per token: "
-                        f"{', '.join(sorted(MODEL_SPECS))} (default: llama-3-8b)")
-    g.add_argument("--gpu", default="h100-sxm", choices=sorted(GPU_SPECS), metavar="NAME",
+                        f"{', '.join(sorted(MODEL_SPECS))} (default: llama-3-8b; with "
+                        f"--profile, the profile's)")
+    g.add_argument("--gpu", choices=sorted(GPU_SPECS), metavar="NAME",
                    help=f"GPU of the cost model: {', '.join(sorted(GPU_SPECS))} "
                         f"(default: h100-sxm)")
+    g.add_argument("--tp", type=int, metavar="N",
+                   help="tensor-parallel degree: FLOPs and bytes split over N GPUs, two "
+                        "all-reduces per layer over the GPU's link (default: the model's, 1 "
+                        "for llama-3-8b)")
+    g.add_argument("--profile", type=Path, metavar="FILE",
+                   help="price steps with a profile measured by `radixkv calibrate` instead of "
+                        "the named GPU (its model is the profile's)")
 
 
 def add_concurrency_arg(p: argparse.ArgumentParser) -> None:

@@ -36,6 +36,12 @@ def register(subparsers: Any) -> None:
     g.add_argument("--gpu", default="h100-sxm", choices=sorted(GPU_SPECS), metavar="NAME",
                    help=f"sim: the GPU of the cost model ({', '.join(sorted(GPU_SPECS))}; "
                         f"default: h100-sxm)")
+    g.add_argument("--tp", type=int, metavar="N",
+                   help="sim: tensor-parallel degree of the simulated model (default: the "
+                        "model spec's)")
+    g.add_argument("--profile", metavar="PROFILE.json",
+                   help="sim: price steps with a `radixkv calibrate` profile of --model "
+                        "instead of the named GPU")
     g.add_argument("--served-model-name", metavar="NAME",
                    help="the model id of the API (default: --model)")
     g.add_argument("--max-model-len", "--context-length", type=int, metavar="N",
@@ -66,6 +72,13 @@ def register(subparsers: Any) -> None:
                         "requests need a key; each tenant's prefixes live in its own namespace")
     g.add_argument("--allow-client-cache-salt", action="store_true",
                    help="honour a request's cache_salt (inside its tenant's namespace)")
+    g = p.add_argument_group("replicas (Ray Serve)")
+    g.add_argument("--replicas", type=int, metavar="N",
+                   help="serve N replicas of the engine on a local Ray cluster (Ray Serve), "
+                        "behind one endpoint on --host:--port (default: one server, no Ray)")
+    g.add_argument("--router", metavar="NAME",
+                   help="with --replicas: the router that picks each request's replica, as in "
+                        "`radixkv cluster` (default: radixkv)")
     g.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default: warning)")
@@ -107,14 +120,23 @@ def run(args: argparse.Namespace) -> int:
                         tenants=Tenants.load(args.api_keys) if args.api_keys else Tenants(),
                         allow_client_cache_salt=args.allow_client_cache_salt,
                         device=args.device, dtype=args.dtype, threads=args.threads,
-                        tokenizer=args.tokenizer, seed=args.seed or 0)
+                        tokenizer=args.tokenizer, seed=args.seed or 0, tp=args.tp,
+                        profile=args.profile)
     if args.executor == "sim":
-        bpt, default = MODEL_SPECS[args.model].kv_bytes_per_token_per_gpu, SIM_DEFAULT_TOKENS
+        from radixkv.server.build import sim_cost
+        bpt, default = sim_cost(opts).model_spec.kv_bytes_per_token_per_gpu, SIM_DEFAULT_TOKENS
     else:
         bpt, default = None, TORCH_DEFAULT_TOKENS
     rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=default)
     cfg = rc.engine(rc.caches[0])
     check_pool(cfg)
+    if args.replicas is not None and args.replicas < 1:
+        raise ValueError(f"--replicas must be at least 1, got {args.replicas}")
+    if args.router is not None and (args.replicas or 1) == 1:
+        raise ValueError(f"--router {args.router} routes between replicas: give --replicas N "
+                         f"with N > 1")
+    if (args.replicas or 1) > 1:
+        return run_replicas(args, opts, cfg)
     sock = bind(args.host, args.port)            # before the model loads: a busy port fails fast
     try:
         state = build_server(opts, cfg, flag_table(args, cfg))
@@ -127,5 +149,30 @@ def run(args: argparse.Namespace) -> int:
         serve_forever(build_app(state), sock, args.log_level)
     finally:
         sock.close()
+    print("radixkv serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def run_replicas(args: argparse.Namespace, opts, cfg) -> int:
+    """--replicas N: a local Ray cluster, N engine replicas behind Ray Serve's proxy, routed
+    by --router; until SIGINT / SIGTERM."""
+    import signal
+    import threading
+
+    from radixkv.ray_router import router_config
+    from radixkv.server.ray_serve import HUB, check_options, ray_serve
+
+    name = args.router or "radixkv"
+    check_options(opts, args.replicas)
+    config, events = router_config(name, args.replicas, opts, cfg, HUB)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with ray_serve(opts, cfg, args.replicas, config, events=events, host=args.host,
+                   port=args.port, flags=flag_table(args, cfg)) as url:
+        print(f"radixkv serve: listening on {url} ({args.replicas} replicas on Ray Serve, "
+              f"router {name}, {opts.executor}, KV {cfg.kv_capacity:,} tokens each; "
+              f"GET {url}/replicas lists them)", flush=True)
+        stop.wait()
     print("radixkv serve: stopped", file=sys.stderr, flush=True)
     return 0

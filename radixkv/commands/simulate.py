@@ -13,8 +13,7 @@ from radixkv.commands.inputs import (add_concurrency_arg, add_model_args, add_wo
 from radixkv.commands.output import (Outputs, advance_by, check_file_target, console,
                                      engine_row, metadata, pct, progress_bar, unit_of,
                                      workload_info)
-from radixkv.sim.costmodel import CostModel
-from radixkv.sim.specs import MODEL_SPECS
+from radixkv.commands.cost import cost_from_args
 from radixkv.simulate import REFERENCE, run_config
 
 
@@ -54,12 +53,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_file_target(args.json, "--json")
     clients = concurrency_from_args(args)
-    bpt = MODEL_SPECS[args.model].kv_bytes_per_token_per_gpu
+    choice = cost_from_args(args)
+    bpt = choice.kv_bytes_per_token
     rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=REFERENCE.max_total_tokens)
     cfg = rc.engine(rc.caches[0])
     check_pool(cfg)
     wl = load_from_args(args, generator_defaults=REFERENCE.generator_defaults(args.workload))
-    cost = CostModel.named(args.model, args.gpu)
+    cost = choice.cost
     con = console()
     with progress_bar(con) as bar:
         rep = run_config(wl, cfg, cost, progress=advance_by(bar, cfg.label, len(wl)),
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     s = rep.summary()
     loop = "" if clients is None else f" · {clients} clients"
     table = Table(title=f"{cfg.label} · {wl.name} ({len(wl)} requests){loop} · KV "
-                        f"{cfg.kv_capacity:,} tokens · {args.model} on {args.gpu}")
+                        f"{cfg.kv_capacity:,} tokens · {choice.model} on {choice.gpu}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in s.items():
@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
     con.print(table)
     if args.json is not None:
         with Outputs() as out:
-            out.write_json(args.json, metadata(workload_info(wl, args.workload), model=args.model,
-                                               gpu=args.gpu, max_total_tokens=cfg.kv_capacity,
+            out.write_json(args.json, metadata(workload_info(wl, args.workload), model=choice.model,
+                                               gpu=choice.gpu, max_total_tokens=cfg.kv_capacity,
                                                results=[engine_row(s)],
                                                max_concurrency=clients))
         con.print(f"wrote {args.json}")

@@ -29,7 +29,7 @@ def request_from_trace(tr, index: int, sampling=None, max_new_tokens: int | None
     return Request(tr.id, tr.prompt, max_new_tokens or max(tr.output_len, 1), arrival=tr.arrival,
                    forced_output=forced, extra_key=tr.extra_key, cache_salt=tr.cache_salt,
                    priority=tr.priority, routing_key=tr.routing_key, sampling=sampling,
-                   stop_ids=stop_ids, index=index)
+                   stop_ids=stop_ids, index=index, pin_ttl=tr.pin_ttl)
 
 
 class Engine:

@@ -20,6 +20,13 @@ flex_attention or Triton backend on GPU) plugs in the same way.
                    On CPU it runs on at most two threads: a thread's share of an elementwise
                    op then stays a multiple of the vector width, so exp/silu never take the
                    (differently rounded) scalar tail.
+  paged            K/V are read straight from the pool through each sequence's slot table:
+                   PyTorch's flex_attention over the layer's whole pool [1, Hkv, N, D], with
+                   a block mask listing, per sequence, the pool blocks its slots fall in and a
+                   mask_mod mapping a pool slot to its position in that sequence (-1: not in
+                   its context). No padded gather of K/V. Compiled (fused kernel) on CUDA, the
+                   default there; eager on the CPU, where it materialises [B, H, Q, N] scores,
+                   so it is for tests with small pools only.
 """
 from __future__ import annotations
 
@@ -88,6 +95,69 @@ class SdpaBackend(AttentionBackend):
             attn_mask=batch.mask, enable_gqa=q.shape[1] != kc.shape[2])          # [B, H, Q, D]
         B, _, Q, _ = o.shape
         return o.transpose(1, 2).reshape(B * Q, -1)[batch.out_index]            # [T, H * D]
+
+
+@ATTENTION_BACKENDS.register("paged")
+class PagedBackend(AttentionBackend):
+    """flex_attention reading K/V from the pool through the slot table (module doc)."""
+    name = "paged"
+
+    def __init__(self, kv_block: int = 128, q_block: int = 128, compile: bool | None = None):
+        self.kv_block = positive_int(kv_block, "paged attention: kv_block")
+        self.q_block = positive_int(q_block, "paged attention: q_block")
+        self.compile = compile
+        self._flex: dict[bool, Callable] = {}
+
+    def _kernel(self, device: torch.device) -> Callable:
+        from torch.nn.attention.flex_attention import flex_attention
+        fused = device.type == "cuda" if self.compile is None else self.compile
+        if fused not in self._flex:
+            self._flex[fused] = torch.compile(flex_attention, dynamic=True) if fused else flex_attention
+        return self._flex[fused]
+
+    def _block_mask(self, kv: KVPool, batch: AttnBatch, n: int):
+        """Pool blocks each query tile reads, and the slot -> logical position map [NT, n]."""
+        from torch.nn.attention.flex_attention import BlockMask
+        dev, KB = batch.ctx_index.device, self.kv_block
+        NT, C = batch.ctx_index.shape
+        valid = torch.arange(C, device=dev)[None, :] <= batch.q_pos.amax(1, keepdim=True)   # [NT, C]
+        logical = torch.full((NT, n), -1, dtype=torch.int32, device=dev)
+        rows = torch.arange(NT, device=dev)[:, None].expand(NT, C)
+        cols = torch.arange(C, device=dev, dtype=torch.int32)[None, :].expand(NT, C)
+        logical[rows[valid], batch.ctx_index[valid]] = cols[valid]                     # [NT, n]
+        nblk = -(-n // KB)
+        used = torch.zeros(NT, nblk, dtype=torch.bool, device=dev)
+        used[rows[valid], batch.ctx_index[valid] // KB] = True                        # [NT, nblk]
+        counts = used.sum(1, dtype=torch.int32)                                       # [NT]
+        order = torch.argsort((~used).to(torch.int8), dim=1, stable=True).to(torch.int32)
+        q_pos = batch.q_pos
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            pos = logical[b, kv_idx]
+            return (pos >= 0) & (pos <= q_pos[b, q_idx])
+
+        Q = batch.q_index.shape[1]
+        nq = -(-Q // self.q_block)                  # every query block of a tile reads its blocks
+        return BlockMask.from_kv_blocks(counts[:, None, None].expand(NT, 1, nq).contiguous(),
+                                        order[:, None, None, :].expand(NT, 1, nq, nblk).contiguous(),
+                                        BLOCK_SIZE=(self.q_block, KB), mask_mod=mask_mod,
+                                        seq_lengths=(Q, n))
+
+    def attend(self, layer: int, q: Tensor, kv: KVPool, batch: AttnBatch) -> Tensor:
+        n = batch.max_slot + 1                                                  # pool prefix in use
+        bm = self._block_mask(kv, batch, n)
+        k = kv.buf[0, layer, :n].permute(1, 0, 2)[None].to(q.dtype)              # [1, Hkv, n, D]
+        v = kv.buf[1, layer, :n].permute(1, 0, 2)[None].to(q.dtype)
+        qp = q[batch.q_index].transpose(1, 2)                                   # [NT, H, Q, D]
+        NT = qp.shape[0]
+        o = self._kernel(q.device)(qp, k.expand(NT, -1, -1, -1), v.expand(NT, -1, -1, -1),
+                                   block_mask=bm, enable_gqa=q.shape[1] != k.shape[1])  # [NT, H, Q, D]
+        return o.transpose(1, 2).reshape(NT * qp.shape[2], -1)[batch.out_index]      # [T, H * D]
+
+
+def default_backend_name(device: torch.device | str) -> str:
+    """The backend an executor uses when none is named: paged on CUDA, sdpa elsewhere."""
+    return "paged" if torch.device(device).type == "cuda" else "sdpa"
 
 
 # ---- fixed-shape kernels of the batch-invariant backend ------------------------------------

@@ -7,8 +7,9 @@ once. The last position of every `sample=True` segment is sampled with the reque
 SamplingParams (greedy when None) and its own CPU generator, kept across steps until
 `release(rid)`.
 
-The attention backend is chosen by name (`attention="sdpa"` or "batch-invariant", see
-model/attention.py); `batch_invariant=True` selects "batch-invariant", under which a token's
+The attention backend is chosen by name (`attention="sdpa"`, "paged" or "batch-invariant",
+see model/attention.py; by default "paged" on CUDA, "sdpa" elsewhere); `batch_invariant=True`
+selects "batch-invariant", under which a token's
 KV and logits are bit-identical whatever else shares its forward. `tile`, `q_tile`, `block`
 and `bmm_chunk` are that backend's options (ignored by backends that do not take them).
 """
@@ -23,7 +24,7 @@ from torch import Tensor
 
 from radixkv import env
 from radixkv.engine.executor import BatchPlan, StepResult
-from radixkv.model.attention import attention_backend
+from radixkv.model.attention import attention_backend, default_backend_name
 from radixkv.model.kv_pool import KVPool
 from radixkv.model.model import Transformer
 from radixkv.shapes import ModelArgs, get_model_config
@@ -48,15 +49,17 @@ def resolve_device(device=None) -> torch.device:
 class TorchExecutor:
     def __init__(self, model: Transformer, args: ModelArgs, num_slots: int, device=None, dtype=None,
                  batch_invariant: bool = False, tile: int = 64, q_tile: int = 32, block: int = 128,
-                 bmm_chunk: int = 16, attention: str | None = None):
+                 bmm_chunk: int = 16, attention: str | None = None, host_slots: int = 0):
         self.device = resolve_device(device)
         self.dtype = dtype or default_dtype(self.device)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.args = args
         self.kv = KVPool(args, num_slots, self.device, self.dtype)
+        # the host tier's buffer (host_slots: its size in tokens); plans carry the copies
+        self.host_kv = KVPool(args, host_slots, "cpu", self.dtype) if host_slots else None
         self.name = f"torch:{args.name}@{self.device.type}/{str(self.dtype).removeprefix('torch.')}"
         self.attention = attention_backend(
-            attention or ("batch-invariant" if batch_invariant else "sdpa"),
+            attention or ("batch-invariant" if batch_invariant else default_backend_name(self.device)),
             tile=tile, q_tile=q_tile, block=block, bmm_chunk=bmm_chunk)
         self.batch_invariant = self.attention.batch_invariant
         self.generators: dict[str, torch.Generator | None] = {}
@@ -94,6 +97,11 @@ class TorchExecutor:
     # ---- one step ------------------------------------------------------------------------------
     def run(self, plan: BatchPlan) -> StepResult:
         segs = plan.segments
+        if plan.copies:
+            if self.host_kv is None:
+                raise ValueError("this plan copies KV to or from a host tier: build the "
+                                 "executor with host_slots")
+            self.kv.run_copies(self.host_kv, plan.copies)
         if not segs:
             return StepResult([], 0.0)
         t0 = time.perf_counter()

@@ -49,6 +49,21 @@ class KVPool:
         self.buf[0, layer].index_copy_(0, slots, k.to(self.dtype))
         self.buf[1, layer].index_copy_(0, slots, v.to(self.dtype))
 
+    def copy_to(self, dst: "KVPool", src_slots, dst_slots) -> None:
+        """K and V of every layer at `src_slots` here into `dst_slots` of `dst` (a host
+        buffer or the device pool: the host tier's store and load)."""
+        src = torch.as_tensor(np.asarray(src_slots, dtype=np.int64)).to(self.device)
+        idx = torch.as_tensor(np.asarray(dst_slots, dtype=np.int64)).to(dst.device)
+        dst.buf.index_copy_(2, idx, self.buf.index_select(2, src).to(dst.device, dst.dtype))
+
+    def run_copies(self, host: "KVPool", copies) -> None:
+        """A plan's host-tier copies, in order: "store" device -> host, "load" host -> device."""
+        for c in copies:
+            if c.kind == "store":
+                self.copy_to(host, c.device, c.host)
+            else:
+                host.copy_to(self, c.host, c.device)
+
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """slots of any shape S -> (k, v), each [*S, n_kv_heads, head_dim] (one indexing op)."""
         k, v = self.buf[:, layer][:, slots].unbind(0)

@@ -28,6 +28,7 @@ class Counters:
         self.retractions = 0
         self.held_back = 0
         self.lpm_fallbacks = 0
+        self.overdue = 0           # request-rounds admitted ahead of lpm for waiting too long
 
 
 class PrefillAdder:

@@ -32,6 +32,7 @@ class Segment:
 class BatchPlan:
     extends: list[Segment] = field(default_factory=list)    # prefill / extend chunks
     decodes: list[Segment] = field(default_factory=list)    # one token each
+    copies: list = field(default_factory=list)      # host-tier copies to run first, in order
 
     def __bool__(self) -> bool:
         return bool(self.extends or self.decodes)

@@ -17,7 +17,7 @@ import numpy as np
 
 from radixkv.cache.key import RadixKey, pack_tokens
 from radixkv.cache.pool import EMPTY_SLOTS, SLOT_DTYPE
-from radixkv.validate import an_int, finite_time, int_at_least
+from radixkv.validate import an_int, finite_at_least, finite_time, int_at_least
 
 STOP = -1          # the sentinel a scripted (workload-driven) request "samples" at its end
 FILLER_BASE = 2**31   # output ids made up where a trace records only a length: above any vocabulary
@@ -35,7 +35,8 @@ class Request:
     def __init__(self, rid: str, prompt: Sequence[int], max_new_tokens: int, arrival: float = 0.0,
                  forced_output: Sequence[int] | None = None, extra_key: str | None = None,
                  cache_salt: str | None = None, priority: int = 0, routing_key: str | None = None,
-                 sampling: Any = None, stop_ids: Sequence[int] = (), index: int = 0):
+                 sampling: Any = None, stop_ids: Sequence[int] = (), index: int = 0,
+                 pin_ttl: float = 0.0):
         self.prompt_key = RadixKey(prompt, extra_key, cache_salt)    # validates the ids
         if len(self.prompt_key) == 0:
             raise ValueError(f"request {rid!r} has an empty prompt")
@@ -47,6 +48,7 @@ class Request:
         int_at_least(max_new_tokens, f"request {rid!r}: max_new_tokens", 1)
         self.rid, self.arrival, self.index = rid, arrival, index
         self.priority, self.routing_key, self.sampling = priority, routing_key, sampling
+        self.pin_ttl = finite_at_least(pin_ttl, f"request {rid!r}: pin_ttl", 0)
         self.forced_output, self.max_new_tokens = forced_output, max_new_tokens
         self.stop_ids = frozenset(stop_ids) | {STOP}
         # a list/tuple is copied as is (fast); anything else (a one-shot iterator the key has
@@ -58,12 +60,14 @@ class Request:
         self.num_computed = 0
         self._sbuf, self._ns = EMPTY_SLOTS, 0                 # slot buffer with spare capacity
         self.cached_len, self.last_node = 0, None              # the cache's share of `slots`
+        self.host_loaded = 0                                   # of cached_len, from the host tier
         self._mkey: tuple[int, RadixKey] | None = None
         # metrics
         self.first_admit: float | None = None
         self.first_token: float | None = None
         self.finish_time: float | None = None
         self.cached_tokens = 0          # hit at first admission
+        self.host_hit_tokens = 0        # of those, loaded from the host tier
         self.prefill_tokens = 0         # tokens computed by prefill (all admissions)
         self.recomputed_tokens = 0      # prefill after a retraction
         self.retractions = 0

@@ -54,6 +54,9 @@ class Scheduler:
     # ---- one round ----------------------------------------------------------------------------
     def schedule(self, now: float) -> BatchPlan | None:
         plan = BatchPlan()
+        self.mgr.tick(now)
+        if self.cfg.queue_aware_eviction:
+            self.mgr.guard((r, r.match_key()) for r in self.waiting)
         self._schedule_prefill(plan, now)
         if self.running and (not plan.extends or self.cfg.mixed_decode):
             retractions = self.counters.retractions
@@ -62,7 +65,10 @@ class Scheduler:
                 # decode retracted every running request and formed no step: the memory it
                 # freed can take a prefill now (an empty plan would read as a stuck queue)
                 self._schedule_prefill(plan, now)
-        return plan if plan else None
+        if not plan:
+            return None
+        plan.copies = self.mgr.take_copies()      # host-tier copies run before the forward
+        return plan
 
     def _reserved(self) -> int:
         """Decode reserve of the running requests (a chunked request's own reserve is counted
@@ -70,7 +76,19 @@ class Scheduler:
         memory was tight)."""
         return sum(math.ceil(r.remaining_decode * self.new_token_ratio) for r in self.running)
 
-    def _ordered_waiting(self) -> list[Request]:
+    def _ordered_waiting(self, now: float = 0.0) -> list[Request]:
+        cfg = self.cfg
+        if cfg.policy in ("lpm", "dfs-weight") and cfg.lpm_max_wait > 0:
+            # requests waiting longer than lpm_max_wait go first, fcfs among them
+            late = [r for r in self.waiting if now - r.arrival > cfg.lpm_max_wait]
+            if late:
+                ids = set(map(id, late))
+                rest = [r for r in self._cache_order() if id(r) not in ids]
+                self.counters.overdue += len(late)
+                return late + rest
+        return self._cache_order()
+
+    def _cache_order(self) -> list[Request]:
         cfg = self.cfg
         if (cfg.policy in ("lpm", "dfs-weight") and cfg.lpm_fallback_threshold
                 and len(self.waiting) > cfg.lpm_fallback_threshold):
@@ -97,7 +115,7 @@ class Scheduler:
             if cfg.dedup and self.mgr.cache.shares_prefixes:
                 dedup = InBatchDedup(cfg.dedup_check_threshold, cfg.dedup_hold_threshold)
             admitted: set[int] = set()
-            for req in self._ordered_waiting():
+            for req in self._ordered_waiting(now):
                 if len(adder.admitted) >= room:
                     break
                 if dedup is not None and dedup.should_hold(req, self.ctx.prefix(req)[0]):
@@ -125,6 +143,7 @@ class Scheduler:
         if req.first_admit is None:
             req.first_admit = now
             req.cached_tokens = req.cached_len
+            req.host_hit_tokens = req.host_loaded
         if self.on_admit is not None:
             self.on_admit(req)
 

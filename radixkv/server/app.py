@@ -208,9 +208,8 @@ async def _generate(state: ServerState, raw: HTTPRequest, body, chat: bool):
     req = _make_request(state, raw, body, chat)
     if not state.worker.alive():
         raise APIError(503, state.worker.error or "the engine is not running", "server_error")
-    loop = asyncio.get_running_loop()
     q: asyncio.Queue[Update] = asyncio.Queue()
-    state.worker.submit(req, lambda u: loop.call_soon_threadsafe(q.put_nowait, u))
+    state.worker.submit(req, deliver_to(asyncio.get_running_loop(), q))
     created, detok = int(time.time()), Detokenizer(state.tokenizer)
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
@@ -236,6 +235,18 @@ async def _generate(state: ServerState, raw: HTTPRequest, body, chat: bool):
     finally:
         if not finished:
             state.worker.abort(req)
+
+
+def deliver_to(loop: asyncio.AbstractEventLoop, q: asyncio.Queue) -> Callable[[Update], None]:
+    """The engine thread's way into this event loop. Once the loop is closed (the server is
+    shutting down) nobody is listening: the update is dropped, and the engine thread, which
+    calls this, must not fail for it."""
+    def deliver(u: Update) -> None:
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, u)
+        except RuntimeError:
+            pass
+    return deliver
 
 
 def _sse(obj: dict) -> str:

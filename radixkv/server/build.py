@@ -44,13 +44,23 @@ class ServeOptions:
     threads: int = 1                          # torch on the CPU: intra-op threads
     tokenizer: str | None = None
     seed: int = 0
+    tp: int | None = None                     # sim: the TP degree (default: the model spec's)
+    profile: str | None = None                # sim: a `radixkv calibrate` profile for --model
 
     def __post_init__(self):
         choice(self.executor, "executor", EXECUTORS)
         positive_int(self.threads, "threads")
         if self.max_model_len is not None:
             positive_int(self.max_model_len, "max_model_len")
-        if self.executor == "sim":
+        if self.executor != "sim" and (self.tp is not None or self.profile is not None):
+            raise ValueError("tp and profile apply to the simulated executor (--executor sim)")
+        if self.tp is not None:
+            positive_int(self.tp, "tp")
+        if self.profile is not None:
+            if self.tp is not None:
+                raise ValueError(f"tp {self.tp} does not apply with a profile: the profile "
+                                 f"measured one device")
+        elif self.executor == "sim":
             choice(self.model, "simulated model", MODEL_SPECS)
             choice(self.gpu, "gpu", GPU_SPECS)
         elif self.model not in MODEL_CONFIGS and not Path(self.model).is_dir():
@@ -85,24 +95,40 @@ def _torch_parts(opts: ServeOptions, cfg: EngineConfig) -> tuple[Any, Any, Any]:
     return ex, margs, sampling
 
 
-def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = None) -> ServerState:
-    """A ServerState ready for build_app; `flags` is the resolved flag table /server_info
-    shows (commands/serve.py makes it)."""
+def sim_cost(opts: ServeOptions):
+    """The simulated GPU's step prices: the profile measured for --model, else the named model
+    on the named GPU at the TP degree."""
+    from radixkv.sim.costmodel import CostModel
+    if opts.profile is not None:
+        from radixkv.sim.profile import load_profile
+        return load_profile(opts.profile, model=opts.model).cost_model()
+    return CostModel.named(opts.model, opts.gpu, tp=opts.tp)
+
+
+def load_text(opts: ServeOptions) -> tuple[Any, ChatTemplate]:
+    """The tokenizer (--tokenizer, else the checkpoint's, else bytes) and chat template."""
     from radixkv.model.tokenizer import load_tokenizer        # no torch needed
 
-    events_on = opts.kv_events.enable_kv_cache_events and cfg.cache.kind != "none"
-    if events_on:
-        cfg = cfg.with_(cache=dataclasses.replace(cfg.cache, enable_events=True))
     tok_path = opts.tokenizer
     if tok_path is None and Path(opts.model).is_dir() and (Path(opts.model) / "tokenizer.json").is_file():
         tok_path = str(Path(opts.model) / "tokenizer.json")
     tokenizer = load_tokenizer(tok_path)
+    model_dir = opts.model if Path(opts.model).is_dir() else None
+    return tokenizer, ChatTemplate.for_model(tokenizer, model_dir)
+
+
+def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = None) -> ServerState:
+    """A ServerState ready for build_app; `flags` is the resolved flag table /server_info
+    shows (commands/serve.py makes it)."""
+    events_on = opts.kv_events.enable_kv_cache_events and cfg.cache.kind != "none"
+    if events_on:
+        cfg = cfg.with_(cache=dataclasses.replace(cfg.cache, enable_events=True))
+    tokenizer, template = load_text(opts)
     if opts.executor == "sim":
-        from radixkv.sim.costmodel import CostModel
         from radixkv.sim.executor import SimExecutor
-        cost = CostModel.named(opts.model, opts.gpu)
+        cost = sim_cost(opts)
         ex = SimExecutor(cost, output_ids=[i for i in tokenizer.encode(SIM_OUTPUT.decode())])
-        margs, make_sampling = MODEL_SPECS[opts.model].model, None
+        margs, make_sampling = cost.model_spec.model, None
     else:
         ex, margs, make_sampling = _torch_parts(opts, cfg)
     max_len = min(opts.max_model_len or margs.max_seq_len, margs.max_seq_len)
@@ -110,9 +136,8 @@ def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = Non
     metrics = ServerMetrics(opts.name) if opts.enable_metrics else None
     publisher = make_publisher(opts.kv_events, cfg.cache.page_size) if events_on else None
     worker = EngineWorker(engine, pace=opts.executor == "sim", metrics=metrics, publisher=publisher)
-    model_dir = opts.model if Path(opts.model).is_dir() else None
     state = ServerState(
-        worker=worker, tokenizer=tokenizer, template=ChatTemplate.for_model(tokenizer, model_dir),
+        worker=worker, tokenizer=tokenizer, template=template,
         model_name=opts.name, max_model_len=max_len, vocab_size=margs.vocab_size,
         eos_id=margs.eos_id if margs.eos_id is not None else tokenizer.eos_id,
         tenants=opts.tenants, allow_client_cache_salt=opts.allow_client_cache_salt,

@@ -16,26 +16,40 @@ position c attends to c + 1 tokens (the cached prefix, earlier new tokens and it
 
 A decode request with context_len c (tokens already in its KV cache) is the segment (c, 1):
 FLOPs = 2*P + A*(c + 1); it reads c tokens of KV. FLOPs above are for the whole TP group;
-each of the tp GPUs does 1/tp of them at rate R, in parallel. Bytes read per GPU in one step:
-the weights once, plus the cached KV each prefill segment and decode request attends to:
+each of the tp GPUs does 1/tp of them at rate R, in parallel. Bytes moved per GPU in one step:
+the weights once, the cached KV each prefill segment and decode request attends to, and the
+K and V of every new token written to the pool (T = sum of n + number of decodes):
 
-  bytes = W + K * (sum of prefix lengths p + sum of decode context lengths c)
-  prefill_time(segs)  = max(FLOPs(segs) / (tp * R), bytes(segs, []) / BW)
-  decode_time(ctxs)   = max(FLOPs(ctxs) / (tp * R), bytes([], ctxs) / BW)
-  step_time(segs, ctxs) = max(FLOPs(all) / (tp * R), bytes(segs, ctxs) / BW) + step_overhead_s
+  bytes = W + K * (sum of prefix lengths p + sum of decode context lengths c) + K * T
+
+Tensor parallelism (Megatron): two all-reduces per layer (after attention, after the MLP) of
+the step's hidden states, T * dim * dtype bytes, on a ring over the GPU's link (LBW one way,
+latency LAT per ring step):
+
+  allreduce(T) = 2 * L * (2*(tp-1)/tp * T*dim*dtype / LBW + 2*(tp-1) * LAT)   (0 when tp = 1)
+  device(F, B, T) = max(F / (tp * R), B / BW) + allreduce(T)
+  prefill_time(segs)    = device(FLOPs(segs), bytes(segs, []), T)
+  decode_time(ctxs)     = device(FLOPs(ctxs), bytes([], ctxs), T)
+  step_time(segs, ctxs) = device(FLOPs(all), bytes(segs, ctxs), T) + step_overhead_s
 
 prefill_time and decode_time are device time for that work alone; step_time is what one engine
 iteration costs (one weights read shared by the mixed batch, plus host overhead) and is what a
-simulator should charge. Not modelled: TP all-reduce time (NVLink, small next to the GEMMs at
-these shapes), KV writes, kernel-launch gaps inside a step (folded into R and the overhead).
+simulator should charge. The all-reduce is not overlapped with compute. Not modelled: the LM
+head's vocab-parallel gather, kernel-launch gaps inside a step (folded into R and the
+overhead). A measured profile (radixkv.sim.profile, `CostModel.from_profile`) replaces these
+rates with coefficients fitted to a real executor.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from radixkv.sim.specs import GPUSpec, ModelSpec, get_gpu, get_model_spec
 from radixkv.validate import finite_at_least
+
+if TYPE_CHECKING:
+    from radixkv.sim.profile import ProfiledCostModel
 
 # Host-side cost of one engine iteration in a Python serving loop: scheduling, building the
 # batch metadata, copying inputs to the device, sampling and handing tokens back. An
@@ -62,6 +76,10 @@ def _check_contexts(context_lens: Sequence[int]) -> None:
             raise ValueError(f"decode context_len must be an int >= 0, got {c!r}")
 
 
+def _new_tokens(segments: Sequence[tuple[int, int]], context_lens: Sequence[int]) -> int:
+    return sum(n for _, n in segments) + len(context_lens)
+
+
 @dataclass(frozen=True)
 class CostModel:
     model_spec: ModelSpec
@@ -72,9 +90,26 @@ class CostModel:
         finite_at_least(self.step_overhead_s, "step_overhead_s", 0)
 
     @classmethod
-    def named(cls, model: str, gpu: str, **kw) -> "CostModel":
-        """CostModel.named("llama-3-8b", "h100-sxm")."""
-        return cls(get_model_spec(model), get_gpu(gpu), **kw)
+    def named(cls, model: str, gpu: str, tp: int | None = None, **kw) -> "CostModel":
+        """CostModel.named("llama-3-8b", "h100-sxm"); tp overrides the spec's TP degree."""
+        spec = get_model_spec(model)
+        return cls(spec if tp is None else spec.with_tp(tp), get_gpu(gpu), **kw)
+
+    @staticmethod
+    def from_profile(path) -> "ProfiledCostModel":
+        """The step-time model fitted by `radixkv calibrate` (a JSON profile): the same
+        step_time / prefill_time / decode_time interface, priced from measured coefficients."""
+        from radixkv.sim.profile import load_profile
+        return load_profile(path).cost_model()
+
+    @property
+    def label(self) -> str:
+        return f"{self.model_spec.name}@{self.gpu.name}"
+
+    @property
+    def device_name(self) -> str:
+        """The simulated device's name (a named GPU here; a profile's device otherwise)."""
+        return self.gpu.name
 
     # ---- FLOPs and bytes -------------------------------------------------------------------
     def prefill_flops(self, segments: Sequence[tuple[int, int]]) -> int:
@@ -96,31 +131,43 @@ class CostModel:
 
     def bytes_per_gpu(self, prefill_segments: Sequence[tuple[int, int]] = (),
                       decode_context_lens: Sequence[int] = ()) -> int:
-        """HBM bytes one GPU reads in a step: weights once + cached KV attended to."""
+        """HBM bytes one GPU moves in a step: weights once + cached KV attended to + the new
+        tokens' K and V written."""
         _check_segments(prefill_segments)
         _check_contexts(decode_context_lens)
-        kv_tokens = sum(p for p, _ in prefill_segments) + sum(decode_context_lens)
+        kv_read = sum(p for p, _ in prefill_segments) + sum(decode_context_lens)
         ms = self.model_spec
-        return ms.weight_bytes_per_gpu + ms.kv_bytes_per_token_per_gpu * kv_tokens
+        new = _new_tokens(prefill_segments, decode_context_lens)
+        return ms.weight_bytes_per_gpu + ms.kv_bytes_per_token_per_gpu * (kv_read + new)
 
-    def _device_time(self, flops: int, nbytes: int) -> float:
+    def allreduce_time(self, num_tokens: int) -> float:
+        """Seconds of the step's TP all-reduces: 2 per layer over num_tokens hidden states."""
+        tp = self.model_spec.tp
+        if tp == 1 or num_tokens == 0:
+            return 0.0
+        msg = num_tokens * self.model_spec.allreduce_bytes_per_token
+        one = 2 * (tp - 1) / tp * msg / self.gpu.link_bw_Bps + 2 * (tp - 1) * self.gpu.link_latency_s
+        return 2 * self.model_spec.model.n_layers * one
+
+    def _device_time(self, flops: int, nbytes: int, num_tokens: int) -> float:
         compute = flops / (self.model_spec.tp * self.gpu.achieved_flops)
         memory = nbytes / self.gpu.achieved_bw_Bps
-        return max(compute, memory)
+        return max(compute, memory) + self.allreduce_time(num_tokens)
 
     # ---- times -----------------------------------------------------------------------------
     def prefill_time(self, segments: Sequence[tuple[int, int]]) -> float:
         """Device seconds for a prefill-only batch of (prefix_len, new_len) segments."""
         if not segments:
             return 0.0
-        return self._device_time(self.prefill_flops(segments), self.bytes_per_gpu(segments))
+        return self._device_time(self.prefill_flops(segments), self.bytes_per_gpu(segments),
+                                 _new_tokens(segments, ()))
 
     def decode_time(self, context_lens: Sequence[int]) -> float:
         """Device seconds for one decode token for each request (context_len = cached tokens)."""
         if not context_lens:
             return 0.0
         return self._device_time(self.decode_flops(context_lens),
-                                 self.bytes_per_gpu((), context_lens))
+                                 self.bytes_per_gpu((), context_lens), len(context_lens))
 
     def step_time(self, prefill_segments: Sequence[tuple[int, int]] = (),
                   decode_context_lens: Sequence[int] = ()) -> float:
@@ -129,7 +176,8 @@ class CostModel:
             return 0.0
         flops = self.prefill_flops(prefill_segments) + self.decode_flops(decode_context_lens)
         nbytes = self.bytes_per_gpu(prefill_segments, decode_context_lens)
-        return self._device_time(flops, nbytes) + self.step_overhead_s
+        tokens = _new_tokens(prefill_segments, decode_context_lens)
+        return self._device_time(flops, nbytes, tokens) + self.step_overhead_s
 
     # ---- conveniences ----------------------------------------------------------------------
     def prefill_tokens_per_s(self, prompt_len: int = 4096, cached_len: int = 0) -> float:

@@ -13,16 +13,20 @@ from typing import Sequence
 from radixkv.engine.executor import BatchPlan, StepResult
 from radixkv.sched.request import FILLER_BASE
 from radixkv.sim.costmodel import CostModel
+from radixkv.sim.transfer import copies_time, host_link
+from radixkv.sim.profile import ProfiledCostModel
 
 
 class SimExecutor:
-    def __init__(self, cost: CostModel, output_ids: Sequence[int] | None = None):
+    def __init__(self, cost: CostModel | ProfiledCostModel, output_ids: Sequence[int] | None = None):
         if output_ids is not None and not len(output_ids):
             raise ValueError("output_ids must hold at least one id")
         self.cost = cost
         self.output_ids = None if output_ids is None else tuple(int(i) for i in output_ids)
-        self.name = f"sim:{cost.model_spec.name}@{cost.gpu.name}"
+        self.name = f"sim:{cost.label}"
         self.busy_s = 0.0
+        self.link = host_link(cost.device_name)      # host-tier copies, on the step's critical path
+        self.copy_s = 0.0
         self._filler = 0
 
     @classmethod
@@ -42,6 +46,10 @@ class SimExecutor:
     def run(self, plan: BatchPlan) -> StepResult:
         dt = self.cost.step_time([(s.prefix_len, s.n) for s in plan.extends],
                                  [s.prefix_len for s in plan.decodes])
+        if plan.copies:
+            copy = copies_time(plan.copies, self.link, self.cost.model_spec.kv_bytes_per_token_per_gpu)
+            self.copy_s += copy
+            dt += copy
         self.busy_s += dt
         tokens: list[int | None] = []
         for s in plan.segments:       # scripted requests ignore what is sampled for them

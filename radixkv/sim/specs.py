@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass
 
 from radixkv.shapes import ModelArgs, get_model_config
-from radixkv.validate import positive_fraction, positive_int, positive_number
+from radixkv.validate import (finite_at_least, positive_fraction, positive_int,
+                              positive_number)
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,16 @@ class GPUSpec:
     hbm_bytes: int                # device memory, bytes
     hbm_bandwidth_Bps: float      # peak memory bandwidth, bytes/s
     achieved_bw_fraction: float = 0.8   # share of peak bandwidth a streaming kernel sustains
+    link_bw_Bps: float = 450e9    # GPU-to-GPU bandwidth of the TP group, one direction, bytes/s
+    link_latency_s: float = 5e-6  # one step of a ring all-reduce (launch, sync, hop), seconds
 
     def __post_init__(self):
         if not self.name:
             raise ValueError("GPUSpec.name must be non-empty")
-        for f in ("peak_bf16_tflops", "achieved_tflops", "hbm_bytes", "hbm_bandwidth_Bps"):
+        for f in ("peak_bf16_tflops", "achieved_tflops", "hbm_bytes", "hbm_bandwidth_Bps",
+                  "link_bw_Bps"):
             positive_number(getattr(self, f), f"GPUSpec.{f}")
+        finite_at_least(self.link_latency_s, "GPUSpec.link_latency_s", 0)
         positive_fraction(self.achieved_bw_fraction, "GPUSpec.achieved_bw_fraction")
         if self.achieved_tflops > self.peak_bf16_tflops:
             raise ValueError(f"GPUSpec.achieved_tflops {self.achieved_tflops!r} exceeds "
@@ -70,15 +75,28 @@ class GPUSpec:
 # 312). L40S is power-limited (350 W) and drops clocks under sustained tensor load, ~50% (180
 # of 362). Bandwidth: streaming kernels (weights and KV
 # reads in decode) sustain ~80% of peak HBM bandwidth on all four.
+#
+# Interconnect of a TP group (link_bw_Bps: one direction, per GPU):
+#   H100 SXM5 / H200 SXM: fourth-generation NVLink, 900 GB/s per GPU "bidirectional" on both
+#              datasheets -> 450 GB/s each way.
+#   A100 SXM:  third-generation NVLink, 600 GB/s bidirectional (A100 datasheet) -> 300 GB/s.
+#   L40S:      no NVLink; PCIe Gen4 x16, 64 GB/s bidirectional (L40S datasheet) -> 32 GB/s.
+# link_latency_s is an assumption, not a measurement: NCCL's small-message all-reduce on one
+# NVLink node takes ~10-30 us for 2-8 GPUs, i.e. a few us per ring step; 5 us per step on
+# NVLink, 10 us over PCIe (host bridges, no direct peer path on most boards).
 GPU_SPECS: dict[str, GPUSpec] = {
     "h100-sxm": GPUSpec("h100-sxm", peak_bf16_tflops=989.0, achieved_tflops=400.0,
-                        hbm_bytes=80 * 10**9, hbm_bandwidth_Bps=3.35e12),
+                        hbm_bytes=80 * 10**9, hbm_bandwidth_Bps=3.35e12,
+                        link_bw_Bps=450e9, link_latency_s=5e-6),
     "h200": GPUSpec("h200", peak_bf16_tflops=989.0, achieved_tflops=400.0,
-                    hbm_bytes=141 * 10**9, hbm_bandwidth_Bps=4.8e12),
+                    hbm_bytes=141 * 10**9, hbm_bandwidth_Bps=4.8e12,
+                    link_bw_Bps=450e9, link_latency_s=5e-6),
     "a100-80g": GPUSpec("a100-80g", peak_bf16_tflops=312.0, achieved_tflops=190.0,
-                        hbm_bytes=80 * 10**9, hbm_bandwidth_Bps=2.039e12),
+                        hbm_bytes=80 * 10**9, hbm_bandwidth_Bps=2.039e12,
+                        link_bw_Bps=300e9, link_latency_s=5e-6),
     "l40s": GPUSpec("l40s", peak_bf16_tflops=362.0, achieved_tflops=180.0,
-                    hbm_bytes=48 * 10**9, hbm_bandwidth_Bps=864e9),
+                    hbm_bytes=48 * 10**9, hbm_bandwidth_Bps=864e9,
+                    link_bw_Bps=32e9, link_latency_s=10e-6),
 }
 
 
@@ -115,6 +133,15 @@ class ModelSpec:
     @property
     def name(self) -> str:
         return self.model.name if self.tp == 1 else f"{self.model.name}-tp{self.tp}"
+
+    def with_tp(self, tp: int) -> "ModelSpec":
+        """The same model and dtype served at another TP degree (checked as any spec)."""
+        return ModelSpec(self.model, tp=tp, dtype_bytes=self.dtype_bytes)
+
+    @property
+    def allreduce_bytes_per_token(self) -> int:
+        """Bytes one token contributes to each TP all-reduce: its hidden state, dim * dtype."""
+        return self.model.dim * self.dtype_bytes
 
     @property
     def weight_bytes(self) -> int:

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from radixkv.validate import (an_int, finite_time, int_at_least, is_number, optional_str,
-                              positive_int, positive_number)
+from radixkv.validate import (an_int, finite_at_least, finite_time, int_at_least, is_number,
+                              optional_str, positive_int, positive_number)
 
 HEADER_KEY = "radixkv_workload"
 HEADER_VERSION = 1
@@ -92,6 +92,7 @@ class TraceRequest:
     priority: int = 0
     routing_key: str | None = None
     session: str | None = None
+    pin_ttl: float = 0.0           # > 0: pin the prompt's KV for this many seconds once cached
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -118,6 +119,7 @@ class TraceRequest:
         token_count(len(prompt) + self.output_len,
                     f"request {self.id!r}: prompt + output length")
         object.__setattr__(self, "priority", an_int(self.priority, "priority"))
+        object.__setattr__(self, "pin_ttl", finite_at_least(self.pin_ttl, "pin_ttl", 0))
         for name in ("extra_key", "cache_salt", "routing_key", "session"):
             optional_str(getattr(self, name), name)
 
@@ -133,7 +135,7 @@ class TraceRequest:
         for name, value in (("id", id), ("arrival", float(arrival)), ("prompt", prompt),
                             ("output", output), ("output_len", output_len),
                             ("extra_key", None), ("cache_salt", None), ("priority", 0),
-                            ("routing_key", None), ("session", session)):
+                            ("routing_key", None), ("session", session), ("pin_ttl", 0.0)):
             object.__setattr__(obj, name, value)
         return obj
 
@@ -180,7 +182,7 @@ class TraceRequest:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(TraceRequest))
-_OPTIONAL = ("extra_key", "cache_salt", "priority", "routing_key", "session")
+_OPTIONAL = ("extra_key", "cache_salt", "priority", "routing_key", "session", "pin_ttl")
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TraceRequest)}
 
 

@@ -186,11 +186,13 @@ def test_generate_bad_options(argv, line, capsys):
     ("b:page-size=x", "config key 'page-size' in 'b:page-size=x': bad value 'x': expected an int"),
     ("b:colour=red", "unknown config key 'colour' in 'b:colour=red'; keys: cache, page-size, "
                      "block-size, radix-eviction-policy, slru-threshold, "
-                     "prefix-caching-hash-algo, evict-granularity, schedule-policy, "
+                     "prefix-caching-hash-algo, evict-granularity, retention-horizon, "
+                     "max-pinned-tokens, host-kv-tokens, hicache-write-policy, schedule-policy, "
                      "max-prefill-tokens, "
                      "chunked-prefill-size, max-running-requests, disable-inbatch-dedup, "
                      "inbatch-dedup-check-threshold, inbatch-dedup-hold-threshold, "
-                     "lpm-fallback-threshold, retract-policy, retract-insert, "
+                     "lpm-fallback-threshold, lpm-max-wait, disable-queue-aware-eviction, "
+                     "retract-policy, retract-insert, "
                      "init-new-token-ratio, min-new-token-ratio, new-token-ratio-decay, "
                      "enable-mixed-chunk, seed"),
     ("b:cache=blockhash,page-size=4", "config 'b:cache=blockhash,page-size=4': --page-size "

@@ -53,7 +53,7 @@ def test_simulate_help_shows_every_default(capsys):
     for shown in ("--schedule-policy NAME queue order: fcfs, lpm, lof, random, priority, "
                   "routing-key, dfs-weight (default: fcfs)",
                   "--radix-eviction-policy NAME radix eviction order (belady: the future-aware "
-                  "oracle, simulation only): lru, mru, fifo, filo, lfu, slru, priority, belady "
+                  "oracle, simulation only): lru, mru, fifo, filo, lfu, slru, priority, belady, cost, retention "
                   "(default: lru)",
                   "--max-total-tokens TOKENS|SIZE KV pool: tokens, or a byte size such as 12GiB "
                   "at the model's KV bytes per token (default: 100000)",

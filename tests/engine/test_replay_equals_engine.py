@@ -18,7 +18,9 @@ WORKLOADS = {
                     msg_len=(5, 40), reply_len=(1, 40)),
     "multiturn": dict(num_users=8, turns=4, system_len=30, msg_len=(5, 40), reply_len=(0, 50)),
 }
-ONE_AT_A_TIME = SchedulerConfig(max_running_requests=1, chunked_prefill_size=0, dedup=False)
+# replay has no queue: queue-aware eviction (on by default) would guard what later requests hit
+ONE_AT_A_TIME = SchedulerConfig(max_running_requests=1, chunked_prefill_size=0, dedup=False,
+                                queue_aware_eviction=False)
 
 
 def unscripted(w):

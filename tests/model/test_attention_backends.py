@@ -53,8 +53,8 @@ def test_unknown_backend_is_named_with_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown attention backend 'flash'; valid: .*sdpa") as e:
         attention_backend("flash")
     assert "batch-invariant" in str(e.value)
-    with pytest.raises(ValueError, match="unknown attention backend 'paged'"):
-        TorchExecutor.from_config("tiny-llama", 16, device="cpu", attention="paged")
+    with pytest.raises(ValueError, match="unknown attention backend 'paged-v2'"):
+        TorchExecutor.from_config("tiny-llama", 16, device="cpu", attention="paged-v2")
 
 
 def test_backend_options_and_selection():

@@ -127,3 +127,48 @@ def test_served_model_name_and_models_route():
         ok = httpx.post(f"{url}/v1/completions", json={"model": "my-llama", "prompt": "hi",
                                                         "max_tokens": 2})
         assert ok.status_code == 200 and json.loads(ok.text)["usage"]["completion_tokens"] == 2
+
+
+def test_regression_delivery_to_a_closed_loop_does_not_raise():
+    """At shutdown the engine thread may deliver to an event loop that is already closed;
+    call_soon_threadsafe then raises RuntimeError, which used to end the engine thread."""
+    import asyncio
+
+    from radixkv.server.app import deliver_to
+    from radixkv.server.worker import Update
+    loop = asyncio.new_event_loop()
+    q: asyncio.Queue = asyncio.Queue()
+    deliver = deliver_to(loop, q)
+    deliver(Update((1,)))
+    loop.run_until_complete(asyncio.sleep(0))
+    assert q.get_nowait() == Update((1,))
+    loop.close()
+    deliver(Update((2,), "abort"))            # dropped, no exception
+    assert q.empty()
+
+
+def test_sim_server_prices_steps_with_a_calibration_profile(tmp_path):
+    """`serve --executor sim --profile P` runs the profiled model (its vocabulary, context
+    and step prices) instead of a named GPU."""
+    from radixkv.shapes import get_model_config
+    from radixkv.sim.profile import Profile, Sample, fit
+    from radixkv.sim.specs import ModelSpec
+    margs = get_model_config("tiny-llama")
+    spec = ModelSpec(margs, dtype_bytes=4)
+    samples = [Sample(((p, n),), (), 1e-3 + 1e-5 * n) for n in (8, 64, 512) for p in (0, 300)]
+    samples += [Sample((), (c,) * b, 2e-3 + 1e-5 * b) for b in (1, 8) for c in (50, 900)]
+    coef, res = fit(spec, samples)
+    path = tmp_path / "p.json"
+    Profile(model=margs, dtype="float32", dtype_bytes=4, device="cpu", device_name="test",
+            backend="sdpa", machine={"host": "test"}, grid={"repeats": 1}, coefficients=coef,
+            residuals=res, samples=tuple(samples)).save(path)
+    with running_server(executor="sim", model="tiny-llama", profile=str(path)) as (url, state):
+        info = httpx.get(f"{url}/server_info").json()
+        assert info["vocab_size"] == 259 and info["max_model_len"] == margs.max_seq_len
+        assert "tiny-llama" in info["executor"]
+        r = client(url).completions.create(model="tiny-llama", prompt="hello " * 20, max_tokens=3)
+        assert r.usage.completion_tokens == 3
+    with pytest.raises(ValueError, match="was measured on|tiny-llama"):
+        running_server(executor="sim", model="llama-3-8b", profile=str(path)).__enter__()
+    with pytest.raises(ValueError, match="simulated executor"):
+        running_server(executor="torch", profile=str(path)).__enter__()

@@ -1,0 +1,146 @@
+"""Timing the torch executor's steps for `radixkv calibrate`: synthetic BatchPlans over a grid,
+each run through TorchExecutor.run (the call the engine times), then the fit of
+radixkv.sim.profile.
+
+Grid: prefill steps of `batch` equal segments of `new` tokens after `prefix` cached ones, plus
+mixed prefill batches (one long segment beside short ones, so padding is seen); decode steps of
+`batch` requests at `context` tokens, plus decode batches with mixed contexts. Each point is
+timed `repeats` times after a warm-up run; the fastest is kept. Each sequence's context is one
+contiguous run of slots at a random place in the pool, as a pool that has not fragmented hands
+them out (on a CPU, a gather of scattered slots costs several times a contiguous one).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from radixkv.engine.executor import BatchPlan
+from radixkv.model.executor import TorchExecutor
+from radixkv.sched.batch import Segment
+from radixkv.sched.request import Request
+from radixkv.sim.profile import Profile, Sample, fit
+from radixkv.sim.specs import ModelSpec
+from radixkv.validate import positive_int
+
+Point = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]     # (prefill segments, decode contexts)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The calibration grid. CPU: small enough for tiny-llama in ~15 s on one thread."""
+    new: tuple[int, ...] = (8, 32, 128, 384, 1024)
+    prefix: tuple[int, ...] = (0, 512, 1536)
+    prefill_batch: tuple[int, ...] = (1, 3)
+    decode_batch: tuple[int, ...] = (1, 4, 12, 32)
+    context: tuple[int, ...] = (64, 768, 2048)
+    max_step_tokens: int = 4096          # new tokens of one prefill step at most
+    repeats: int = 3
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("new", "prefix", "prefill_batch", "decode_batch", "context"):
+            vals = getattr(self, name)
+            if not vals:
+                raise ValueError(f"calibration grid: {name} is empty")
+            for v in vals:
+                positive_int(v, f"calibration grid: {name}") if name != "prefix" else None
+        positive_int(self.max_step_tokens, "calibration grid: max_step_tokens")
+        positive_int(self.repeats, "calibration grid: repeats")
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> "Grid":
+        if device.type == "cuda":
+            return cls(new=(16, 128, 512, 2048, 8192), prefix=(0, 1024, 4096),
+                       prefill_batch=(1, 4), decode_batch=(1, 8, 32, 128, 256),
+                       context=(256, 1024, 4096), max_step_tokens=16384, repeats=5)
+        return cls()
+
+    def points(self) -> list[Point]:
+        rng = np.random.default_rng(self.seed)
+        out: list[Point] = []
+        for n in self.new:
+            for p in self.prefix:
+                for b in self.prefill_batch:
+                    if n * b <= self.max_step_tokens:
+                        out.append((((p, n),) * b, ()))
+        for _ in range(len(out) // 3):            # mixed prefill batches: one long, some short
+            long_n = int(rng.choice(self.new))
+            short = [(int(rng.choice(self.prefix)), int(rng.integers(1, 64)))
+                     for _ in range(int(rng.integers(1, 6)))]
+            out.append((((int(rng.choice(self.prefix)), long_n), *short), ()))
+        for b in self.decode_batch:
+            for c in self.context:
+                out.append(((), (c,) * b))
+            ctxs = rng.integers(min(self.context), max(self.context) + 1, b)
+            out.append(((), tuple(int(c) for c in ctxs)))
+        return out
+
+    def as_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+
+def pool_slots(points: Sequence[Point]) -> int:
+    """Slots the largest step needs: every sequence's whole context, disjoint."""
+    return max(sum(p + n for p, n in segs) + sum(c + 1 for c in ctxs) for segs, ctxs in points)
+
+
+def plan_of(point: Point, num_slots: int, vocab: int, rng: np.random.Generator) -> BatchPlan:
+    segs, ctxs = point
+    todo = [("e", s) for s in segs] + [("d", (c, 1)) for c in ctxs]
+    total = sum(p + n for _, (p, n) in todo)
+    plan, at = BatchPlan(), int(rng.integers(0, num_slots - total + 1))
+    for i, (kind, (p, n)) in enumerate(todo):
+        seg = Segment(Request(f"cal{i}", [1], 1), p, rng.integers(0, vocab, n).tolist(),
+                      np.arange(at, at + p + n), sample=True)
+        (plan.extends if kind == "e" else plan.decodes).append(seg)
+        at += p + n
+    return plan
+
+
+def time_point(ex: TorchExecutor, point: Point, repeats: int, rng: np.random.Generator) -> float:
+    """Fastest of `repeats` TorchExecutor.run calls on this step (after one untimed run): on
+    a shared machine other work only ever adds time, so the minimum is the stable figure."""
+    plan = plan_of(point, ex.kv.num_slots, ex.args.vocab_size, rng)
+    ex.run(plan)
+    return float(min(ex.run(plan).duration for _ in range(repeats)))
+
+
+def machine_info(device: torch.device) -> dict:
+    return {"host": platform.node(), "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cuda": torch.version.cuda if device.type == "cuda" else None,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def calibrate(ex: TorchExecutor, grid: Grid,
+              progress: Callable[[int, int], object] | None = None) -> Profile:
+    """Time every grid point on `ex` (whose pool must hold pool_slots(grid.points())) and fit."""
+    points = grid.points()
+    need = pool_slots(points)
+    if ex.kv.num_slots < need:
+        raise ValueError(f"calibration needs a KV pool of {need:,} slots, the executor has "
+                         f"{ex.kv.num_slots:,}")
+    rng = np.random.default_rng(grid.seed)
+    time_point(ex, points[-1], 1, rng)                      # warm-up: allocator, kernels
+    samples = []
+    for i, pt in enumerate(points):
+        samples.append(Sample(pt[0], pt[1], time_point(ex, pt, grid.repeats, rng)))
+        if progress is not None:
+            progress(i + 1, len(points))
+    spec_dtype = str(ex.dtype).removeprefix("torch.")
+    spec = ModelSpec(ex.args, tp=1, dtype_bytes=ex.dtype.itemsize)
+    coef, res = fit(spec, samples)
+    dev = ex.device
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor()
+                                                                        or platform.machine())
+    return Profile(model=ex.args, dtype=spec_dtype, dtype_bytes=ex.dtype.itemsize,
+                   device=dev.type, device_name=name, backend=ex.attention.name,
+                   machine=machine_info(dev), grid=grid.as_dict(), coefficients=coef,
+                   residuals=res, samples=tuple(samples))

@@ -1,0 +1,79 @@
+"""`radixkv calibrate`: time the torch executor's steps over a grid and fit a step-time profile
+(radixkv.sim.profile) that `simulate`, `compare` and `validate` take with --profile."""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from radixkv.commands.output import check_file_target, console
+from radixkv.shapes import MODEL_CONFIGS
+from radixkv.validate import positive_int
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure the real executor's step times and fit a simulator profile",
+        description="Time TorchExecutor steps over a grid (prefill: new tokens x cached prefix "
+                    "x segments per step; decode: batch x context) and fit the step-time "
+                    "coefficients by non-negative least squares; write them, the grid, the "
+                    "residuals and the machine as a JSON profile.")
+    p.add_argument("--model", default="tiny-llama", metavar="NAME|DIR",
+                   help=f"a named shape with random weights ({', '.join(MODEL_CONFIGS)}) or a "
+                        f"local Hugging Face checkpoint directory (default: tiny-llama)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: RADIXKV_DEVICE, else cuda if "
+                                    "present, else cpu)")
+    p.add_argument("--dtype", choices=DTYPES, metavar="NAME",
+                   help=f"{', '.join(DTYPES)} (default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--attention", metavar="NAME",
+                   help="attention backend to time (default: the executor's for the device)")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="CPU intra-op threads (default: 1, as generate)")
+    p.add_argument("--repeats", type=int, metavar="N",
+                   help="timed runs per grid point, the fastest kept (default: 3 on CPU, 5 on "
+                        "CUDA)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and grid (default: 0)")
+    p.add_argument("--out", type=Path, required=True, metavar="PROFILE.json",
+                   help="the profile to write")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch                                  # the torch extra is needed only here
+
+    from radixkv.calibration import Grid, calibrate, pool_slots
+    from radixkv.model.executor import TorchExecutor, default_dtype
+    from radixkv.model.setup import check_kv_memory, model_args, torch_device
+
+    check_file_target(args.out, "--out")
+    margs = model_args(args.model)
+    positive_int(args.threads, "--threads")
+    dev = torch_device(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(dev)
+    grid = Grid.for_device(dev)
+    if args.repeats is not None:
+        grid = Grid(**{**grid.__dict__, "repeats": positive_int(args.repeats, "--repeats"),
+                       "seed": args.seed})
+    slots = pool_slots(grid.points())
+    check_kv_memory(margs, slots, margs.kv_bytes_per_token(dtype.itemsize), dev, dtype)
+    torch.set_num_threads(args.threads)
+    ex = TorchExecutor.from_config(args.model, slots, seed=args.seed, device=dev, dtype=dtype,
+                                   attention=args.attention)
+    con = console()
+    t0 = time.perf_counter()
+    with con.status(f"timing {ex.name} ({ex.attention.name})") as status:
+        prof = calibrate(ex, grid, progress=lambda i, n: status.update(
+            f"timing {ex.name} ({ex.attention.name}): step {i}/{n}"))
+    r = prof.residuals
+    con.print(f"{ex.name} · {ex.attention.name} · {r.samples} steps timed in "
+              f"{time.perf_counter() - t0:.1f} s · fit error rms {r.rms:.1%}, median "
+              f"{r.median_abs:.1%}, max {r.max_abs:.1%}, {r.outliers} outliers set aside",
+              highlight=False)
+    for k, v in prof.coefficients.items():
+        con.print(f"  {k:18s} {v:.4g}", highlight=False)
+    prof.save(args.out)
+    con.print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,127 @@
+"""`radixkv cluster`: N simulated replicas behind each router named, on the same arrivals; one
+row per router (hit rate, prefill, TTFT, end-to-end, throughput, imbalance, eviction)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from radixkv.commands.cost import CostChoice, cost_from_args
+from radixkv.commands.flags import add_config_flags, check_pool, configs_from_args
+from radixkv.commands.inputs import add_model_args, add_workload_args, load_from_args
+from radixkv.commands.output import (Outputs, check_file_target, console, metadata, pct,
+                                     progress_bar, workload_info)
+from radixkv.router import ROUTERS
+from radixkv.router.cluster import ClusterConfig
+from radixkv.router.compare import run_routers
+from radixkv.router.results import ClusterResult
+from radixkv.simulate import REFERENCE
+from radixkv.validate import positive_int
+
+# KV per replica: ~48.8 GiB of Llama-3-8B KV, what an 80 GB GPU keeps after the weights; it
+# holds the longest Mooncake request (191,378 + 893 tokens)
+REPLICA_TOKENS = 400_000
+PAGE_SIZE = 16                # the radix cache's page when --page-size is not given
+DEFAULT_ROUTERS = ("round-robin", "power-of-two", "sglang-cache-aware", "ray-prefix-affinity",
+                   "llm-d-precise", "radixkv")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "cluster", help="simulate N replicas behind each router and compare the routers",
+        description="Run the workload through N simulated replicas (each its own engine, "
+                    "cache and GPU) behind each router named, on the same arrivals, and print "
+                    "one row per router.")
+    add_workload_args(p, rate_default=f"{REFERENCE.rate:g} for {REFERENCE.workload}, else the "
+                                       f"generator's")
+    add_model_args(p)
+    add_config_flags(p, caches="one", scheduler=True,
+                     max_total_tokens=f"{REPLICA_TOKENS:,} per replica")
+    g = p.add_argument_group("cluster")
+    g.add_argument("--replicas", type=int, default=8, metavar="N",
+                   help="replicas behind the router (default: 8)")
+    g.add_argument("--router", nargs="+", metavar="NAME", default=list(DEFAULT_ROUTERS),
+                   help=f"routers to compare: {', '.join(ROUTERS)} (default: "
+                        f"{' '.join(DEFAULT_ROUTERS)})")
+    g.add_argument("--workers", type=int, metavar="N",
+                   help="processes running routers side by side (default: one per CPU)")
+    p.add_argument("--json", type=Path, metavar="OUT",
+                   help="also write the rows, with the run's metadata, as JSON")
+    p.add_argument("--plot", type=Path, metavar="PNG", help="also draw the rows (cluster.png)")
+    p.set_defaults(func=run)
+
+
+def cluster_config(args: argparse.Namespace, choice: CostChoice) -> ClusterConfig:
+    """The replicas' configuration from the flags; the radix and none caches use pages of
+    PAGE_SIZE tokens unless --page-size says otherwise."""
+    rc = configs_from_args(args, kv_bytes_per_token=choice.kv_bytes_per_token,
+                           default_tokens=REPLICA_TOKENS)
+    cache = rc.caches[0]
+    if args.page_size is None and cache.kind != "blockhash":
+        cache = replace(cache, page_size=PAGE_SIZE)
+    cfg = rc.engine(cache)
+    check_pool(cfg)
+    return ClusterConfig(cfg, positive_int(args.replicas, "--replicas"), rc.seed)
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.3f} s"
+
+
+def table(results: list[ClusterResult], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("router", "hit rate", "prefill tokens", "TTFT p50", "TTFT p99", "e2e p99",
+                "throughput tok/s", "imbalance", "evicted tokens"):
+        t.add_column(col, justify="left" if col == "router" else "right")
+    for r in results:
+        tput = "-" if r.throughput_tok_s is None else f"{r.throughput_tok_s:,.0f}"
+        t.add_row(r.router, pct(r.hit_rate), f"{r.prefill_tokens:,}", _s(r.ttft_p50),
+                  _s(r.ttft_p99), _s(r.e2e_p99), tput, f"{r.imbalance:.2f}",
+                  f"{r.evicted_tokens:,}")
+    return t
+
+
+def run(args: argparse.Namespace) -> int:
+    for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
+        if path is not None:
+            check_file_target(path, flag)
+    if args.workers is not None:
+        positive_int(args.workers, "--workers")
+    for name in args.router:
+        ROUTERS.get(name)
+    if len(set(args.router)) != len(args.router):
+        raise ValueError(f"--router names a router twice: {' '.join(args.router)}")
+    choice = cost_from_args(args)
+    config = cluster_config(args, choice)
+    wl = load_from_args(args, generator_defaults=REFERENCE.generator_defaults(args.workload))
+    for tr in wl:                     # a request no replica could hold fails before any run
+        need = len(tr.prompt) + max(tr.output_len, 1) + 1
+        if need > config.engine.kv_capacity:
+            raise ValueError(f"request {tr.id!r} needs about {need:,} KV slots but each replica "
+                             f"has {config.engine.kv_capacity:,} (--max-total-tokens)")
+    cost = choice.cost
+    con = console()
+    with progress_bar(con) as bar:
+        task = bar.add_task("routers", total=len(args.router))
+        results = run_routers(wl, config, args.router, cost, args.workers,
+                              done=lambda _: bar.advance(task))
+    title = (f"{wl.name} ({len(wl)} requests) · {config.replicas} replicas × "
+             f"{config.engine.kv_capacity:,} KV tokens ({config.engine.cache.label}) · "
+             f"{choice.model} on {choice.gpu}")
+    con.print(table(results, title))
+    with Outputs() as out:
+        if args.json is not None:
+            doc = metadata(workload_info(wl, args.workload), model=choice.model, gpu=choice.gpu,
+                           max_total_tokens=config.engine.kv_capacity,
+                           results=[r.row() for r in results])
+            out.write_json(args.json, {**doc, "replicas": config.replicas})
+        if args.plot is not None:
+            from radixkv.router.plot import plot_cluster
+            plot_cluster(results, out.path(args.plot), title)
+    for path in (args.json, args.plot):
+        if path is not None:
+            con.print(f"wrote {path}")
+    return 0

@@ -1,0 +1,98 @@
+"""How close the profiled simulator is to the real engine: one workload through Engine +
+TorchExecutor and through Engine + SimExecutor priced by a profile, same configuration, same
+requests (recorded replies forced in both), metrics side by side.
+
+Both clocks measure the same thing: the engine advances its clock by each step's duration,
+which for the torch executor is the wall time of TorchExecutor.run (packing, the forward,
+sampling; the scheduler's own Python time is outside both) and for the simulator the
+profile's step time; between steps both jump to the next arrival when idle.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from radixkv.config import CacheConfig, EngineConfig
+from radixkv.engine.engine import Engine, request_from_trace
+from radixkv.engine.metrics import EngineReport
+from radixkv.sched.request import Request
+from radixkv.sim.profile import ProfiledCostModel
+from radixkv.sim.executor import SimExecutor
+
+METRICS = ("ttft_p50", "ttft_p90", "e2e_p50", "e2e_p90", "makespan_s")
+EXTRA = ("busy_s",)      # the executor's total step time: the plainest test of the step model
+
+
+@dataclass(frozen=True)
+class MetricError:
+    metric: str
+    real: float
+    simulated: float
+
+    @property
+    def relative_error(self) -> float:
+        """simulated / real - 1 (inf when real is 0 and simulated is not)."""
+        if self.real == 0:
+            return 0.0 if self.simulated == 0 else math.inf
+        return self.simulated / self.real - 1
+
+    def as_dict(self) -> dict:
+        return {"real": self.real, "simulated": self.simulated,
+                "relative_error": self.relative_error}
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    rows: tuple[MetricError, ...]
+    real: dict                 # the real run's summary
+    simulated: dict            # the simulated run's summary
+
+    @property
+    def worst(self) -> MetricError:
+        """The row of METRICS with the largest |relative error|."""
+        return max((r for r in self.rows if r.metric in METRICS),
+                   key=lambda r: abs(r.relative_error))
+
+    def within(self, tolerance: float) -> bool:
+        return abs(self.worst.relative_error) <= tolerance
+
+
+def compare_reports(real: EngineReport, real_busy: float, sim: EngineReport,
+                    sim_busy: float) -> Fidelity:
+    rs, ss = real.summary(), sim.summary()
+    if rs["requests"] != ss["requests"]:
+        raise ValueError(f"the real run finished {rs['requests']} requests, the simulated "
+                         f"{ss['requests']}")
+    rows = [MetricError(m, float(rs[m] or 0.0), float(ss[m] or 0.0)) for m in METRICS]
+    rows.append(MetricError("busy_s", real_busy, sim_busy))
+    return Fidelity(tuple(rows), rs, ss)
+
+
+def warm_up(ex, vocab: int) -> None:
+    """A few steps of assorted shapes, so first-call costs stay out of the measured run."""
+    cfg = EngineConfig(kv_capacity=min(ex.kv.num_slots, 8192), cache=CacheConfig("none"))
+    eng = Engine(cfg, cfg.cache.build(), ex)
+    for i, n in enumerate((512, 64, 8)):
+        eng.add_request(Request(f"warm{i}", [(7 * j + i) % vocab for j in range(n)], 4))
+    eng.run_until_idle()
+
+
+def _run(workload, cfg: EngineConfig, ex) -> EngineReport:
+    eng = Engine(cfg, cfg.cache.build(), ex)
+    for i, tr in enumerate(workload):
+        eng.add_request(request_from_trace(tr, i))
+    return eng.run_until_idle()
+
+
+def run_real(workload, cfg: EngineConfig, ex) -> tuple[EngineReport, float]:
+    """The workload through the engine on a TorchExecutor: (report, executor busy seconds)."""
+    warm_up(ex, ex.args.vocab_size)
+    busy0 = ex.busy_s
+    rep = _run(workload, cfg, ex)
+    return rep, ex.busy_s - busy0
+
+
+def run_simulated(workload, cfg: EngineConfig, cost: ProfiledCostModel) -> tuple[EngineReport, float]:
+    """The same workload and configuration on the simulator: (report, simulated busy seconds)."""
+    ex = SimExecutor(cost)
+    return _run(workload, cfg, ex), ex.busy_s

@@ -1,0 +1,190 @@
+"""A radixkv router (radixkv.router) as a Ray Serve request router, for `radixkv serve
+--replicas N --router NAME` (radixkv.server.ray_serve deploys it).
+
+`RouterAdapter` is a Ray Serve `RequestRouter`: Ray builds one in the process that holds the
+engine deployment's handle (the ingress) and calls `choose_replicas` for each request. It
+builds the named router with `make_router` — the same code the cluster simulator runs — and
+feeds it through the router contract: before each decision it pulls what the replicas sent to
+the hub (radixkv.server.ray_replica: KV event batches → `on_events`, first outputs →
+`on_first_token`, ends → `on_finish`, engine figures), then `route(request, views)` gives a
+replica index, mapped to Ray's replica by the replica's rank. The chosen replica is Ray's
+first rank, the others its fallback (Ray sends to a replica of a rank that has room).
+`on_request_routed` tells the router (`on_route`) where the request went.
+
+A replica's view is what the front end knows at once plus what the replica last published,
+as in the simulator: the requests routed to it and not finished (waiting = those − running),
+their prompt tokens not prefilled yet and their output budgets; running and KV slots used from
+the replica's figures.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from ray.serve.config import RequestRouterConfig
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from radixkv.config import EngineConfig
+from radixkv.events import AllBlocksCleared, KVEventBatch, decode_batch
+from radixkv.router import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext, make_router
+from radixkv.server.build import ServeOptions
+from radixkv.server.ray_replica import hub_named
+from radixkv.sim.costmodel import CostModel
+from radixkv.sim.specs import MODEL_SPECS
+
+log = logging.getLogger(__name__)
+PENDING_KEPT = 4096
+
+
+def router_kwargs(name: str, replicas: int, opts: ServeOptions, cfg: EngineConfig,
+                  hub: str) -> dict:
+    """The adapter's settings (JSON, as Ray Serve passes them); builds the router once here so
+    a bad name or a router that cannot run on this setup fails before anything starts."""
+    kwargs = {"router": name, "replicas": replicas, "page_size": cfg.cache.page_size,
+              "hash_algo": cfg.cache.hash_algo, "seed": cfg.sched.seed,
+              "prefill_chunk": cfg.sched.prefill_budget, "model": opts.model, "gpu": opts.gpu,
+              "hub": hub}
+    if name not in ROUTERS:
+        raise ValueError(f"--router {name!r} is unknown; known: {', '.join(ROUTERS.names())}")
+    try:
+        build_router(kwargs)
+    except ValueError as e:
+        hint = "" if opts.model in MODEL_SPECS else \
+            f" (a cost model needs --model in {', '.join(sorted(MODEL_SPECS))})"
+        raise ValueError(f"--router {name!r}: {e}{hint}") from None
+    return kwargs
+
+
+def router_config(name: str, replicas: int, opts: ServeOptions, cfg: EngineConfig,
+                  hub: str) -> tuple[RequestRouterConfig, bool]:
+    """The engine deployment's RequestRouterConfig, and whether the router reads KV events."""
+    kwargs = router_kwargs(name, replicas, opts, cfg, hub)
+    return RequestRouterConfig(request_router_class=RouterAdapter,
+                               request_router_kwargs=kwargs), ROUTERS.get(name).uses_events
+
+
+def build_router(kw: dict) -> Router:
+    cost = CostModel.named(kw["model"], kw["gpu"]) if kw["model"] in MODEL_SPECS else None
+    ctx = RouterContext(kw["replicas"], kw["page_size"], kw["hash_algo"], kw["seed"], cost,
+                        kw["prefill_chunk"])
+    return make_router(kw["router"], ctx)
+
+
+class RouterAdapter(RequestRouter):
+    def initialize_state(self, **kwargs: Any) -> None:
+        self.router = build_router(kwargs)
+        self.n = kwargs["replicas"]
+        self.hub = hub_named(kwargs["hub"])
+        self.cursor = 0
+        self.ranks: dict[str, int] = {}                  # Ray replica id -> router index
+        self.figures = [{} for _ in range(self.n)]
+        self.infos: dict[str, tuple[int, RequestInfo]] = {}      # routed, not finished
+        self.prefilling: set[str] = set()
+        self.held = [0] * self.n
+        self.unprefilled = [0] * self.n
+        self.budget = [0] * self.n
+        self.pending: dict[str, RequestInfo] = {}        # chosen for, not yet routed
+        self.t0 = time.monotonic()
+        self.lock = asyncio.Lock()
+
+    # ---- what the replicas sent ---------------------------------------------------------------
+    async def sync(self) -> None:
+        async with self.lock:                 # one pull at a time: each entry applied once
+            got = await self.hub.pull.remote(self.cursor)
+            if got["lost"]:
+                log.warning("the router missed %d replica notices (the hub dropped them)",
+                            got["lost"])
+            for uid, r in got["replicas"].items():
+                if self.ranks.get(uid) != r["rank"] and r["rank"] < self.n:
+                    self.replaced(uid, r["rank"])
+                if uid in self.ranks:
+                    self.figures[self.ranks[uid]] = r
+            for uid, kind, payload in got["items"]:
+                i = self.ranks.get(uid)
+                if i is None:
+                    continue
+                if kind == "events":
+                    self.router.on_events(i, decode_batch(payload))
+                elif kind == "first":
+                    self.first_output(payload)
+                else:
+                    self.finished(payload)
+            self.cursor = got["next"]
+
+    def replaced(self, uid: str, rank: int) -> None:
+        """A replica takes rank `rank` (a new one, or one that replaced a replica that died:
+        the router forgets the old one's pages)."""
+        gone = [u for u, r in self.ranks.items() if r == rank]
+        for u in gone:
+            del self.ranks[u]
+        if gone:
+            self.router.on_events(rank, KVEventBatch(time.time(), [AllBlocksCleared()]))
+        self.ranks[uid] = rank
+
+    def first_output(self, rid: str) -> None:
+        if rid in self.prefilling:
+            i, info = self.infos[rid]
+            self.prefilling.discard(rid)
+            self.unprefilled[i] -= info.prompt_len
+            self.router.on_first_token(i, info)
+
+    def finished(self, rid: str) -> None:
+        if rid not in self.infos:
+            return
+        if rid in self.prefilling:
+            self.prefilling.discard(rid)
+            self.unprefilled[self.infos[rid][0]] -= self.infos[rid][1].prompt_len
+        i, info = self.infos.pop(rid)
+        self.held[i] -= 1
+        self.budget[i] -= info.max_new_tokens
+        self.router.on_finish(i, info)
+
+    def views(self) -> list[ReplicaView]:
+        out = []
+        for i in range(self.n):
+            f = self.figures[i]
+            running = min(f.get("running", 0), self.held[i])
+            out.append(ReplicaView(self.held[i] - running, running, self.unprefilled[i],
+                                   self.budget[i], f.get("kv_used", 0), f.get("kv_capacity", 0)))
+        return out
+
+    # ---- Ray Serve's hooks --------------------------------------------------------------------
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None
+                              ) -> list[list[RunningReplica]]:
+        route = pending_request.args[0] if pending_request and pending_request.args else None
+        if not route:
+            return [candidate_replicas]
+        await self.sync()
+        by_index = {self.ranks[r.replica_id.unique_id]: r for r in candidate_replicas
+                    if r.replica_id.unique_id in self.ranks}
+        if len(by_index) < self.n:            # a replica not registered yet: Ray's own choice
+            return [candidate_replicas]
+        info = RequestInfo(route["rid"], route["tokens"], tuple(route["namespace"]),
+                           route["session"], time.monotonic() - self.t0,
+                           route["max_new_tokens"])
+        self.pending[info.rid] = info
+        while len(self.pending) > PENDING_KEPT:         # chosen for, then cancelled
+            del self.pending[next(iter(self.pending))]
+        try:
+            chosen = by_index[self.router.route(info, self.views())]
+        except Exception:                   # a router bug must not strand the request
+            log.exception("router %r failed; Ray Serve chooses this request's replica",
+                          self.router.name)
+            return [candidate_replicas]
+        return [[chosen], [r for r in candidate_replicas if r is not chosen]]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
+        route = pending_request.args[0] if pending_request.args else None
+        info = self.pending.pop(route["rid"], None) if route else None
+        i = self.ranks.get(replica_id.unique_id)
+        if info is None or i is None:
+            return
+        self.router.on_route(i, info)
+        self.infos[info.rid] = (i, info)
+        self.prefilling.add(info.rid)
+        self.held[i] += 1
+        self.unprefilled[i] += info.prompt_len
+        self.budget[i] += info.max_new_tokens

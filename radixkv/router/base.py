@@ -1,0 +1,180 @@
+"""The router contract: one front end choosing, for each request, which of N replicas serves it.
+
+A router is independent of what runs the replicas (the cluster simulator, a Ray Serve
+deployment): it sees only the typed values below.
+
+- `RequestInfo`: what a front end knows of a request before it is served (prompt token ids,
+  cache namespace, routing key, arrival, output budget).
+- `ReplicaView`: what a replica publishes about its load, read at the moment of routing.
+- KV events: what each replica's cache stored and removed, either as the cache's `KVEvent`s
+  or as vLLM wire batches (radixkv.events), fed through `on_events`.
+
+Call order, for every request: `route(request, views)` -> the replica index `i`; the caller
+sends the request to replica `i` and calls `on_route(i, request)`; later, whenever a replica
+publishes events, `on_events(replica, events)`; when the request finishes, `on_finish(i,
+request)`; a front end that sees the response stream may also call `on_first_token(i,
+request)` when the prefill is done. `route` is a decision only (it may advance a seeded random generator or a
+round-robin cursor, nothing the hooks own); what a router remembers about sent requests it
+records in `on_route`. Routers are built by name: `make_router("radixkv", RouterContext(8))`.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple, Protocol
+
+from radixkv.cache.events import KVEvent, check_hash_algo
+from radixkv.events import EventBatch, KVEventBatch, page_hashes, to_wire
+from radixkv.registry import Registry
+from radixkv.validate import finite_time, int_at_least, positive_int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RequestInfo:
+    """A request as the router sees it. `session` is the routing key (the request's
+    routing_key, else its conversation), None when it has neither."""
+    rid: str
+    tokens: Sequence[int]
+    namespace: tuple[str | None, str | None] = (None, None)    # (extra_key, cache_salt)
+    session: str | None = None
+    arrival: float = 0.0
+    max_new_tokens: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.rid, str) or not self.rid:
+            raise ValueError(f"RequestInfo.rid must be a non-empty str, got {self.rid!r}")
+        if not len(self.tokens):
+            raise ValueError(f"request {self.rid!r} has an empty prompt")
+        if not isinstance(self.namespace, tuple) or len(self.namespace) != 2:
+            raise ValueError(f"request {self.rid!r}: namespace must be (extra_key, cache_salt), "
+                             f"got {self.namespace!r}")
+        finite_time(self.arrival, f"request {self.rid!r}: arrival")
+        positive_int(self.max_new_tokens, f"request {self.rid!r}: max_new_tokens")
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.tokens)
+
+
+class ReplicaView(NamedTuple):
+    """One replica's published load, as of the routing moment."""
+    waiting: int = 0            # requests queued, not admitted yet
+    running: int = 0            # requests admitted (prefilling or decoding)
+    prefill_tokens: int = 0     # prompt tokens of those requests not computed yet
+    decode_tokens: int = 0      # output tokens those requests may still produce (their budgets)
+    kv_used: int = 0            # KV slots in use (cached pages included)
+    kv_capacity: int = 0        # KV slots of the replica (0: unknown)
+
+    @property
+    def kv_usage(self) -> float:
+        """kv_used / kv_capacity; 0.0 when the capacity is unknown."""
+        return self.kv_used / self.kv_capacity if self.kv_capacity else 0.0
+
+    @property
+    def queue_len(self) -> int:
+        """Requests the replica holds: what Ray Serve calls its queue length."""
+        return self.waiting + self.running
+
+
+class StepCost(Protocol):
+    """What a cost-aware router prices work with (radixkv.sim.costmodel.CostModel, or a
+    profile's): seconds of one engine step."""
+
+    def step_time(self, prefill_segments: Sequence[tuple[int, int]] = (),
+                  decode_context_lens: Sequence[int] = ()) -> float: ...
+
+
+@dataclass(frozen=True)
+class RouterContext:
+    """What every router is built with: the replica count, the KV page size and hash of the
+    replicas' events, a seed for randomised choices, and (for cost-aware routers) the cost
+    model of one replica and its prefill chunk."""
+    num_replicas: int
+    page_size: int = 16
+    hash_algo: str = "sha256"
+    seed: int = 0
+    cost: StepCost | None = None
+    prefill_chunk: int = 8192
+
+    def __post_init__(self):
+        positive_int(self.num_replicas, "RouterContext.num_replicas")
+        positive_int(self.page_size, "RouterContext.page_size")
+        check_hash_algo(self.hash_algo)
+        int_at_least(self.seed, "RouterContext.seed", 0)
+        positive_int(self.prefill_chunk, "RouterContext.prefill_chunk")
+
+
+Events = Sequence[KVEvent] | EventBatch
+
+
+class Router(ABC):
+    """Chooses a replica per request. Subclasses set `name`, may declare `Options` (a frozen,
+    validated dataclass of their tunables, its defaults the published ones) and `uses_events`
+    (True: the router reads KV events, so replicas must publish them)."""
+    name: ClassVar[str]
+    uses_events: ClassVar[bool] = False
+    Options: ClassVar[type | None] = None
+
+    def __init__(self, context: RouterContext, options: Any = None):
+        self.context = context
+        self.n = context.num_replicas
+        if self.Options is None:
+            if options is not None:
+                raise ValueError(f"router {self.name!r} takes no options, got {options!r}")
+        elif options is None:
+            options = self.Options()
+        elif not isinstance(options, self.Options):
+            raise ValueError(f"router {self.name!r} takes {self.Options.__name__}, got "
+                             f"{type(options).__name__}")
+        self.options = options
+
+    @abstractmethod
+    def route(self, request: RequestInfo, replicas: Sequence[ReplicaView]) -> int:
+        """The index in [0, num_replicas) of the replica to send `request` to; `replicas` holds
+        one view per replica, in index order."""
+
+    def on_route(self, replica: int, request: RequestInfo) -> None:
+        """`request` was sent to `replica`."""
+
+    def on_events(self, replica: int, events: Events) -> None:
+        """`replica` published these KV events (in order, after the ones already given)."""
+
+    def on_first_token(self, replica: int, request: RequestInfo) -> None:
+        """`request`, sent to `replica`, produced its first token: its prefill is done."""
+
+    def on_finish(self, replica: int, request: RequestInfo) -> None:
+        """`request`, sent to `replica`, has finished (or was aborted); `on_first_token` may not
+        have been called for it."""
+
+    # ---- helpers for subclasses ---------------------------------------------------------------
+    def check_views(self, replicas: Sequence[ReplicaView]) -> None:
+        if len(replicas) != self.n:
+            raise ValueError(f"router {self.name!r} routes over {self.n} replicas, got "
+                             f"{len(replicas)} views")
+
+    def check_replica(self, replica: int) -> int:
+        if not isinstance(replica, int) or not 0 <= replica < self.n:
+            raise ValueError(f"replica must be an int in [0, {self.n}), got {replica!r}")
+        return replica
+
+    def page_hashes(self, request: RequestInfo) -> list[int]:
+        """The chained hashes of the request's whole prompt pages, as the replicas emit them."""
+        c = self.context
+        return page_hashes(request.tokens, request.namespace, c.page_size, c.hash_algo)
+
+
+def as_batch(events: Events, page_size: int, ts: float = 0.0) -> EventBatch:
+    """A wire batch for `events`: a batch is returned as is, a list of cache KVEvents is
+    converted (chained stored pages merged)."""
+    if isinstance(events, EventBatch):
+        return events
+    return KVEventBatch(float(ts), to_wire(events, page_size))
+
+
+ROUTERS: Registry[type[Router]] = Registry("router")
+
+
+def make_router(name: str, context: RouterContext, options: Any = None) -> Router:
+    """The router registered as `name`; importing radixkv.router registers every one."""
+    return ROUTERS.get(name)(context, options)

@@ -1,0 +1,205 @@
+"""The cluster simulator: N replicas, each an Engine (its own cache, pool, scheduler and
+simulated GPU), behind one router, on one discrete-event clock.
+
+Events in time order: a replica's step end (its outputs reach the router: KV events taken from
+its cache, first tokens, finished requests; then it starts its next step), and a request's
+arrival (routed on what the router has been told so far; sent to that replica). At equal times
+step ends come first, replicas in index order. A replica's view is its state at its last step
+end, plus the requests routed to it since. Deterministic for a seed.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from radixkv.config import EngineConfig
+from radixkv.engine.engine import Engine, request_from_trace
+from radixkv.engine.metrics import EngineReport, RequestRecord
+from radixkv.router import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
+from radixkv.router.results import ClusterResult, cluster_result
+from radixkv.sched.request import Request, Status
+from radixkv.router.base import StepCost
+from radixkv.sim.executor import SimExecutor
+from radixkv.simulate import logical_clock
+from radixkv.validate import int_at_least, positive_int
+
+_STEP_END, _ARRIVAL = 0, 1
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Replicas of one engine configuration (each with `engine.kv_capacity` KV slots)."""
+    engine: EngineConfig
+    replicas: int
+    seed: int = 0
+
+    def __post_init__(self):
+        positive_int(self.replicas, "replicas")
+        int_at_least(self.seed, "seed", 0)
+
+    def context(self, cost: StepCost) -> RouterContext:
+        c, s = self.engine.cache, self.engine.sched
+        return RouterContext(self.replicas, c.page_size, c.hash_algo, self.seed, cost,
+                             s.prefill_budget)
+
+
+class Replica:
+    """One engine and what the router has not been told yet of its last step."""
+
+    def __init__(self, index: int, engine: Engine):
+        self.index, self.engine = index, engine
+        self.awaiting: dict[str, tuple[Request, RequestInfo]] = {}   # routed, no first token
+        self.infos: dict[str, RequestInfo] = {}                      # routed, not finished
+        self.finished: list[Request] = []
+        self.busy = False                       # a step end is on the clock
+        self.view = ReplicaView(kv_capacity=engine.config.kv_capacity)
+        self.unprefilled = self.budget = 0      # prompt tokens / output budgets held
+
+    def snapshot(self) -> None:
+        e = self.engine
+        s = e.sched
+        held = len(self.infos)
+        running = len(s.running) + (s.chunked is not None)
+        self.view = ReplicaView(held - running, running, self.unprefilled, self.budget,
+                                e.pool.used(), e.config.kv_capacity)
+
+    def routed(self, req: Request, info: RequestInfo) -> None:
+        self.engine.add_request(req)
+        self.awaiting[req.rid] = (req, info)
+        self.infos[req.rid] = info
+        self.unprefilled += req.prompt_len
+        self.budget += req.max_new_tokens
+        v = self.view
+        self.view = v._replace(waiting=v.waiting + 1, prefill_tokens=self.unprefilled,
+                               decode_tokens=self.budget)
+
+
+def request_info(req: Request, session: str | None) -> RequestInfo:
+    return RequestInfo(req.rid, req.tokens, req.namespace, req.routing_key or session,
+                       req.arrival, req.max_new_tokens)
+
+
+class Cluster:
+    def __init__(self, config: ClusterConfig, router: Router, cost: StepCost):
+        if router.n != config.replicas:
+            raise ValueError(f"the router routes over {router.n} replicas, the cluster has "
+                             f"{config.replicas}")
+        self.config, self.router = config, router
+        cfg = config.engine
+        if router.uses_events:
+            cfg = replace(cfg, cache=replace(cfg.cache, enable_events=True))
+        extra = (lambda: {"clock": logical_clock()}) if cfg.cache.kind == "radix" else dict
+        self.replicas = [Replica(i, Engine(cfg, cfg.cache.build(**extra()), SimExecutor(cost),
+                                           on_finish=None))
+                         for i in range(config.replicas)]
+        for rep in self.replicas:
+            rep.engine.on_finish = rep.finished.append
+        self._clock: list[tuple[float, int, int, int]] = []   # (time, kind, replica, 0)
+
+    def _deliver(self, rep: Replica) -> None:
+        """The router hears what the replica's last step did."""
+        r, router = rep.index, self.router
+        if router.uses_events:
+            events = rep.engine.cache.take_events()
+            if events:
+                router.on_events(r, events)
+        if rep.awaiting:
+            running = rep.engine.sched.running
+            pool = rep.awaiting.values() if len(rep.awaiting) <= len(running) + 1 else \
+                [rep.awaiting[q.rid] for q in running if q.rid in rep.awaiting]
+            for req, info in [p for p in pool if p[0].first_token is not None]:
+                del rep.awaiting[req.rid]
+                rep.unprefilled -= req.prompt_len
+                router.on_first_token(r, info)
+        for req in rep.finished:
+            if req.rid in rep.awaiting:               # finished in the step of its prefill
+                del rep.awaiting[req.rid]
+                rep.unprefilled -= req.prompt_len
+            rep.budget -= req.max_new_tokens
+            router.on_finish(r, rep.infos.pop(req.rid))
+        rep.finished.clear()
+        rep.snapshot()
+
+    def _step(self, rep: Replica, now: float) -> None:
+        e = rep.engine
+        e.now = max(e.now, now)
+        if e.has_work() and e.step():
+            heapq.heappush(self._clock, (e.now, _STEP_END, rep.index, 0))
+            rep.busy = True
+        else:
+            rep.busy = False
+
+    def run(self, requests: Sequence[tuple[Request, str | None]],
+            progress: Callable[[int], object] | None = None) -> list[Request]:
+        """Serve (request, session) pairs, in arrival order; returns every request, finished."""
+        order = sorted(range(len(requests)), key=lambda i: (requests[i][0].arrival, i))
+        for req, _ in requests:
+            self.replicas[0].engine.check_fits(req)
+        nxt = 0
+        while True:
+            t_arr = requests[order[nxt]][0].arrival if nxt < len(order) else math.inf
+            if self._clock and self._clock[0][0] <= t_arr:
+                t, _, r, _ = heapq.heappop(self._clock)
+                rep = self.replicas[r]
+                done = len(rep.finished)
+                self._deliver(rep)
+                self._step(rep, t)
+                if progress is not None and done:
+                    progress(done)
+            elif nxt < len(order):
+                req, session = requests[order[nxt]]
+                nxt += 1
+                self._route(req, session)
+            else:
+                break
+        stuck = [q for q, _ in requests if q.status is not Status.FINISHED]
+        if stuck:
+            raise RuntimeError(f"{len(stuck)} requests never finished, e.g. {stuck[0]!r}")
+        return [q for q, _ in requests]
+
+    def _route(self, req: Request, session: str | None) -> None:
+        info = request_info(req, session)
+        views = [rep.view for rep in self.replicas]
+        r = self.router.route(info, views)
+        if not isinstance(r, int) or not 0 <= r < len(self.replicas):
+            raise ValueError(f"router {self.router.name!r} returned {r!r}, not a replica index "
+                             f"in [0, {len(self.replicas)})")
+        rep = self.replicas[r]
+        rep.routed(req, info)
+        self.router.on_route(r, info)
+        if not rep.busy:
+            self._step(rep, req.arrival)
+
+    def report(self, name: str) -> EngineReport:
+        """The replicas' requests as one run."""
+        engines = [rep.engine for rep in self.replicas]
+        recs = [RequestRecord.of(q) for e in engines for q in e.finished]
+        first = min((q.arrival for e in engines for q in e.requests), default=0.0)
+        last = max((q.finish_time for e in engines for q in e.finished), default=first)
+        counters = [e.sched.counters for e in engines]
+        return EngineReport(name, recs, sum(e.manager.evicted_tokens for e in engines),
+                            sum(c.retractions for c in counters),
+                            sum(c.held_back for c in counters),
+                            sum(c.lpm_fallbacks for c in counters), sum(e.steps for e in engines),
+                            last - first, sum(e.config.kv_capacity for e in engines), {})
+
+    def check(self) -> None:
+        """Every replica's cache, pool and lock invariants."""
+        for rep in self.replicas:
+            rep.engine.manager.check()
+
+
+def run_cluster(workload, config: ClusterConfig, router: str, cost: StepCost,
+                options=None, progress: Callable[[int], object] | None = None,
+                check: bool = False) -> ClusterResult:
+    """One router's run of the workload on a fresh cluster."""
+    rt = ROUTERS.get(router)(config.context(cost), options)
+    cluster = Cluster(config, rt, cost)
+    reqs = [(request_from_trace(tr, i), tr.session) for i, tr in enumerate(workload)]
+    cluster.run(reqs, progress)
+    if check:
+        cluster.check()
+    return cluster_result(router, cluster.report(router),
+                          [rep.engine.report() for rep in cluster.replicas])

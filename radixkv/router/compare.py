@@ -1,0 +1,59 @@
+"""Several routers on the same arrivals, each on a fresh cluster; on a process pool when more
+than one worker is asked for (the runs are independent and deterministic, so the rows are the
+same either way)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+
+from radixkv.router import ROUTERS
+from radixkv.router.cluster import ClusterConfig, run_cluster
+from radixkv.router.results import ClusterResult
+from radixkv.router.base import StepCost
+
+_WORKLOAD = None
+
+
+def _init_worker(workload) -> None:
+    global _WORKLOAD
+    _WORKLOAD = workload
+
+
+def _job(config: ClusterConfig, router: str, cost: StepCost) -> ClusterResult:
+    return run_cluster(_WORKLOAD, config, router, cost)
+
+
+def run_routers(workload, config: ClusterConfig, routers: Sequence[str], cost: StepCost,
+                workers: int | None = None,
+                done: Callable[[ClusterResult], object] | None = None) -> list[ClusterResult]:
+    """One result per router, in the order given; `done` is called as each run ends."""
+    for name in routers:
+        ROUTERS.get(name)                       # an unknown name fails before any run
+    if len(set(routers)) != len(routers):
+        raise ValueError(f"a router is named twice: {' '.join(routers)}")
+    n = min(workers or os.cpu_count() or 1, len(routers))
+    out: dict[str, ClusterResult] = {}
+    if n <= 1:
+        for name in routers:
+            out[name] = run_cluster(workload, config, name, cost)
+            if done is not None:
+                done(out[name])
+        return [out[name] for name in routers]
+    # spawn, not fork: the caller may run threads (a progress bar)
+    with ProcessPoolExecutor(n, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=(workload,)) as pool:
+        pending = {pool.submit(_job, config, name, cost): name for name in routers}
+        try:
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    res = out[pending.pop(f)] = f.result()
+                    if done is not None:
+                        done(res)
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
+    return [out[name] for name in routers]

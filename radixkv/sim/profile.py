@@ -1,0 +1,235 @@
+"""A measured step-time profile: features of a step, the least-squares fit, the JSON file.
+
+`radixkv calibrate` times a real executor's steps over a grid and fits, by non-negative least
+squares on relative error (each row divided by its measured time, so a 3 ms decode step counts
+as much as a 300 ms prefill; gross outliers set aside and counted), the step time as a linear form in the cost model's terms:
+
+  t(step) = c_step                       per-step overhead (launches, plan, sampling setup)
+          + c_seg    * B                 per-segment overhead (B sequences in the step)
+          + c_linear * 2*P*T             matmul FLOPs of the T new tokens
+          + c_attn   * A*pairs           attention FLOPs, exact (query, attended key) pairs
+          + c_pad    * A*B*Q*C           attention FLOPs of the padded [B, Q, C] grid
+          + c_read   * K*(sum p + sum c) cached KV read, exact
+          + c_gather * K*B*C             KV gathered into the padded grid
+
+with P, A, K as in radixkv.sim.costmodel (K per GPU, at the profile's dtype), Q = the longest
+new run of any segment and C = the longest context (prefix + new) of any segment: the layout
+of a padded-gather backend. A paged backend has no padding and its fit puts ~0 on c_pad and
+c_gather; coefficients are kept >= 0, so every term can only add time. KV writes (K*T) are
+proportional to T for one model, so c_linear absorbs them. No torch here: the timing harness
+lives in radixkv.calibration.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from radixkv.shapes import ModelArgs
+from radixkv.sim.specs import ModelSpec
+
+FEATURES = ("step", "segment", "linear_flops", "attn_flops", "padded_attn_flops",
+            "kv_read_bytes", "padded_kv_bytes")
+FORMAT = "radixkv-profile/1"
+OUTLIER_FLOOR = 0.25
+
+
+def step_features(spec: ModelSpec, segments: Sequence[tuple[int, int]],
+                  contexts: Sequence[int]) -> tuple[float, ...]:
+    """The FEATURES of one step: prefill segments (prefix_len, new_len), decode contexts."""
+    segs = list(segments) + [(c, 1) for c in contexts]
+    if not segs:
+        return (0.0,) * len(FEATURES)
+    B = len(segs)
+    T = sum(n for _, n in segs)
+    pairs = sum(n * p + n * (n + 1) // 2 for p, n in segs)
+    Q, C = max(n for _, n in segs), max(p + n for p, n in segs)
+    A, K = spec.attn_flops_per_ctx_token, spec.kv_bytes_per_token_per_gpu
+    return (1.0, float(B), float(spec.flops_per_token * T), float(A * pairs),
+            float(A * B * Q * C), float(K * sum(p for p, _ in segs)), float(K * B * C))
+
+
+def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
+    """min ||a x - b|| subject to x >= 0 (Lawson-Hanson active set)."""
+    n = a.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, dtype=bool)
+    for _ in range(iters):
+        w = a.T @ (b - a @ x)
+        if passive.all() or w[~passive].max() <= 1e-12:
+            break
+        passive[np.argmax(np.where(passive, -np.inf, w))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if z[passive].min() > 0:
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+    return x
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed step: its prefill segments, decode contexts and measured seconds."""
+    segments: tuple[tuple[int, int], ...]
+    contexts: tuple[int, ...]
+    seconds: float
+
+    def __post_init__(self):
+        if not (self.segments or self.contexts):
+            raise ValueError("a profile sample needs at least one segment or decode")
+        if not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"a profile sample's seconds must be > 0, got {self.seconds!r}")
+
+
+@dataclass(frozen=True)
+class Residuals:
+    """Relative error (predicted / measured - 1) of the fit over the samples it kept."""
+    rms: float
+    max_abs: float
+    median_abs: float
+    samples: int              # samples the fit kept
+    outliers: int = 0         # samples set aside (|error| > 4x the median, and > 25 %)
+
+
+def fit(spec: ModelSpec, samples: Sequence[Sample]) -> tuple[dict[str, float], Residuals]:
+    """Coefficients of FEATURES (seconds per unit, >= 0) and the fit's residuals."""
+    if len(samples) < len(FEATURES):
+        raise ValueError(f"a fit needs at least {len(FEATURES)} samples, got {len(samples)}")
+    x = np.array([step_features(spec, s.segments, s.contexts) for s in samples])
+    t = np.array([s.seconds for s in samples])
+    keep = np.ones(len(t), dtype=bool)
+    for _ in range(2):               # fit, set aside gross outliers (> 4x the median), refit
+        a, tk = x[keep], t[keep]
+        scale = np.maximum(np.abs(a / tk[:, None]).max(axis=0), 1e-300)   # unit-size columns
+        coef = nnls(a / tk[:, None] / scale, np.ones(len(tk))) / scale
+        rel = x @ coef / t - 1
+        keep = np.abs(rel) <= max(OUTLIER_FLOOR, 4 * float(np.median(np.abs(rel))))
+    kept = np.abs(rel[keep])
+    return (dict(zip(FEATURES, map(float, coef))),
+            Residuals(float(np.sqrt(np.mean(kept ** 2))), float(kept.max()),
+                      float(np.median(kept)), int(keep.sum()), int((~keep).sum())))
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What `radixkv calibrate` measured: where, on what, the grid, the fit and its error."""
+    model: ModelArgs
+    dtype: str                      # torch dtype name, e.g. "float32"
+    dtype_bytes: int
+    device: str                     # "cpu" or "cuda"
+    device_name: str
+    backend: str                    # attention backend of the timed executor
+    machine: dict
+    grid: dict
+    coefficients: dict[str, float]
+    residuals: Residuals
+    samples: tuple[Sample, ...] = field(default=(), repr=False)
+
+    def __post_init__(self):
+        if set(self.coefficients) != set(FEATURES):
+            raise ValueError(f"profile coefficients must be exactly {', '.join(FEATURES)}; got "
+                             f"{', '.join(sorted(self.coefficients))}")
+        for k, v in self.coefficients.items():
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"profile coefficient {k} must be a finite number >= 0, got {v!r}")
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(self.model, tp=1, dtype_bytes=self.dtype_bytes)
+
+    def cost_model(self) -> "ProfiledCostModel":
+        return ProfiledCostModel(self)
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "model": asdict(self.model), "dtype": self.dtype,
+                "dtype_bytes": self.dtype_bytes, "device": self.device,
+                "device_name": self.device_name, "backend": self.backend,
+                "machine": self.machine, "grid": self.grid, "form": "t = sum(coef * feature)",
+                "coefficients": self.coefficients, "residuals": asdict(self.residuals),
+                "samples": [{"segments": [list(s) for s in x.segments],
+                             "contexts": list(x.contexts), "seconds": x.seconds}
+                            for x in self.samples]}
+
+    @classmethod
+    def from_json(cls, doc: dict, where: str = "profile") -> "Profile":
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            raise ValueError(f"{where}: not a radixkv profile (format {got!r}, want {FORMAT!r})")
+        try:
+            margs = doc["model"]
+            if "rope_scaling" in margs and margs["rope_scaling"] is not None:
+                margs = {**margs, "rope_scaling": tuple(margs["rope_scaling"])}
+            return cls(model=ModelArgs(**margs), dtype=str(doc["dtype"]),
+                       dtype_bytes=int(doc["dtype_bytes"]), device=str(doc["device"]),
+                       device_name=str(doc["device_name"]), backend=str(doc["backend"]),
+                       machine=dict(doc["machine"]), grid=dict(doc["grid"]),
+                       coefficients=dict(doc["coefficients"]),
+                       residuals=Residuals(**doc["residuals"]),
+                       samples=tuple(Sample(tuple((int(p), int(n)) for p, n in s["segments"]),
+                                            tuple(int(c) for c in s["contexts"]),
+                                            float(s["seconds"]))
+                                     for s in doc.get("samples", ())))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{where}: malformed profile ({type(e).__name__}: {e})") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n")
+
+
+def load_profile(path: str | Path, model: str | None = None) -> Profile:
+    """The profile at `path`; `model`, when given, must be the model it was measured on."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"profile {str(p)!r} does not exist")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"profile {str(p)!r} is not valid JSON ({e})") from None
+    prof = Profile.from_json(doc, f"profile {str(p)!r}")
+    if model is not None and model != prof.model.name:
+        raise ValueError(f"profile {str(p)!r} was measured on model {prof.model.name!r}, "
+                         f"not {model!r}")
+    return prof
+
+
+@dataclass(frozen=True)
+class ProfiledCostModel:
+    """CostModel's step-time interface priced from a Profile (one device, tp 1)."""
+    profile: Profile
+    model_spec: ModelSpec = field(init=False)
+    _coef: tuple[float, ...] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "model_spec", self.profile.model_spec)
+        object.__setattr__(self, "_coef", tuple(self.profile.coefficients[f] for f in FEATURES))
+
+    @property
+    def label(self) -> str:
+        p = self.profile
+        return f"{p.model.name}@{p.device}:{p.device_name} (profile)"
+
+    @property
+    def device_name(self) -> str:
+        return self.profile.device_name
+
+    def step_time(self, prefill_segments: Sequence[tuple[int, int]] = (),
+                  decode_context_lens: Sequence[int] = ()) -> float:
+        """Seconds of one engine step; 0.0 for an empty step."""
+        f = step_features(self.model_spec, prefill_segments, decode_context_lens)
+        return sum(c * x for c, x in zip(self._coef, f))
+
+    def prefill_time(self, segments: Sequence[tuple[int, int]]) -> float:
+        return self.step_time(segments, ())
+
+    def decode_time(self, context_lens: Sequence[int]) -> float:
+        return self.step_time((), context_lens)
+
+

@@ -1,0 +1,161 @@
+"""Pins, retention, cost-aware and queue-aware eviction, and the host tier: exact scenarios,
+with the invariants (and slot conservation) checked after every step."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from radixkv.cache.base import CacheReq
+from radixkv.cache.host_tier import HostTier
+from radixkv.cache.key import RadixKey
+from radixkv.cache.manager import CacheManager
+from radixkv.cache.orders import CostOrder, analytic_token_cost
+from radixkv.cache.pool import SlotPool
+from radixkv.cache.radix import RadixCache
+from tests.cache._helpers import FakeClock, toks, tree_snapshot
+
+
+def serve(mgr: CacheManager, tokens, priority: int = 0, pin_ttl: float = 0.0) -> int:
+    """One request through the lifecycle (admit, cache at finish); returns its hit."""
+    req = CacheReq(RadixKey(tokens), priority=priority, pin_ttl=pin_ttl)
+    hit = mgr.admit(req, req.key[:-1], len(tokens))
+    assert hit is not None
+    mgr.cache_req(req, finished=True)
+    mgr.check()
+    return hit
+
+
+def manager(capacity: int, **cache_kw) -> CacheManager:
+    return CacheManager(RadixCache(clock=FakeClock(), **cache_kw), SlotPool(capacity))
+
+
+# ---- pins ------------------------------------------------------------------------------------
+def test_a_pinned_prefix_survives_pressure_until_it_expires():
+    mgr = manager(100, max_pinned_tokens=40)
+    cache = mgr.cache
+    serve(mgr, toks(0, 30))
+    assert cache.pin(toks(0, 30), ttl=10.0) == 30
+    assert cache.pinned_size() == 30 and cache.stats()["pins"] == 1
+    for i in range(1, 6):                          # 5 x 60 tokens through a 100-token pool
+        serve(mgr, toks(1000 * i, 60))
+        assert serve(mgr, toks(0, 30) + [999]) == 30
+    cache.advance(10.0)                            # the deadline: back in the eviction order
+    assert cache.pinned_size() == 0
+    mgr.check()
+    serve(mgr, toks(9000, 90))
+    assert mgr.peek(RadixKey(toks(0, 30))).prefix_len == 0
+
+
+def test_a_pin_over_budget_changes_nothing():
+    mgr = manager(100, max_pinned_tokens=40)
+    serve(mgr, toks(0, 30))
+    serve(mgr, toks(100, 30))
+    mgr.cache.pin(toks(0, 30), ttl=5.0)
+    before = tree_snapshot(mgr.cache)
+    with pytest.raises(ValueError, match="over max_pinned_tokens 40"):
+        mgr.cache.pin(toks(100, 30), ttl=5.0)
+    assert tree_snapshot(mgr.cache) == before
+    assert mgr.cache.stats()["pins_refused"] == 1
+    mgr.cache.pin(toks(0, 20), ttl=5.0)            # inside a pinned path: costs nothing more
+    assert mgr.cache.pinned_size() == 30
+    assert mgr.cache.unpin(toks(0, 20)) == 20
+    with pytest.raises(ValueError, match="not pinned"):
+        mgr.cache.unpin(toks(0, 20))
+    mgr.check()
+
+
+def test_pin_ttl_of_a_request_pins_its_prompt_and_the_default_budget_is_a_quarter():
+    mgr = manager(200)
+    assert mgr.cache.pins.budget == 50
+    serve(mgr, toks(0, 40), pin_ttl=3.0)
+    assert mgr.cache.pinned_size() == 40
+    serve(mgr, toks(500, 40), pin_ttl=3.0)         # over the budget: refused, counted
+    assert mgr.cache.pinned_size() == 40 and mgr.cache.stats()["pins_refused"] == 1
+    mgr.tick(3.0)
+    assert mgr.cache.pinned_size() == 0
+    mgr.check()
+
+
+# ---- priority retention ----------------------------------------------------------------------
+@pytest.mark.parametrize("policy, survives", [("lru", False), ("retention", True)])
+def test_a_high_priority_prefix_outlives_a_low_priority_flood(policy, survives):
+    mgr = manager(200, eviction_policy=policy)
+    tenant = toks(0, 50)
+    serve(mgr, tenant + [7], priority=2)
+    for i in range(1, 20):                         # low-priority traffic, 10 s of it
+        mgr.tick(i * 0.5)
+        serve(mgr, toks(1000 * i, 40))
+    mgr.tick(10.0)
+    assert (mgr.peek(RadixKey(tenant)).prefix_len == 50) is survives
+
+
+# ---- cost-aware eviction (GreedyDual-Size-Frequency) -----------------------------------------
+def test_cost_order_evicts_the_cheapest_per_token_first_and_inflates():
+    mgr = manager(1000, eviction_policy="cost")
+    cache = mgr.cache
+    serve(mgr, toks(0, 100))                       # shallow and used once
+    serve(mgr, toks(5000, 100))
+    serve(mgr, toks(5000, 100) + toks(9000, 100))  # deep: attends over 100 tokens more
+    serve(mgr, toks(5000, 100) + [1])
+    freed = cache.evict(100)
+    assert len(freed) == 100 and mgr.peek(RadixKey(toks(0, 100))).prefix_len == 0
+    order = cache.sort_key
+    assert order.inflation == pytest.approx(analytic_token_cost(0, 100) / 100)
+    assert order(cache.root.children[next(iter(cache.root.children))])[0] > order.inflation
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 40)), min_size=1, max_size=25),
+       st.integers(10, 120))
+def test_cost_order_matches_a_naive_rescan(ops, capacity):
+    """Each eviction drops the leaf a full rescan finds cheapest (H = L + f * c / s)."""
+    cache = RadixCache(clock=FakeClock(), eviction_policy="cost", evict_granularity="node")
+    mgr = CacheManager(cache, SlotPool(capacity + 50))
+    order: CostOrder = cache.sort_key
+    for prefix, n in ops:
+        tokens = toks(prefix * 100, 30)[:max(n, 2)]
+        serve(mgr, tokens)
+        leaves = [c for c in cache._nodes() if cache._is_candidate(c)]
+        if not leaves:
+            continue
+        expect = min(leaves, key=order)
+        freed = cache.evict(1)
+        assert expect.parent is None, "the cheapest leaf was not the one evicted"
+        mgr.pool.free(freed)
+        mgr.check()
+
+
+# ---- queue-aware eviction ---------------------------------------------------------------------
+def test_a_guarded_leaf_goes_last():
+    mgr = manager(100)
+    serve(mgr, toks(0, 40))                        # least recent: evicted first without a guard
+    serve(mgr, toks(100, 40))
+    waiting = CacheReq(RadixKey(toks(0, 40) + [5]))
+    assert mgr.guard([(waiting, waiting.key[:-1])]) == 1
+    mgr.pool.free(mgr.cache.evict(40))
+    assert mgr.peek(RadixKey(toks(0, 40))).prefix_len == 40
+    assert mgr.peek(RadixKey(toks(100, 40))).prefix_len == 0
+    mgr.pool.free(mgr.cache.evict(40))             # nothing else left: the guard yields
+    assert mgr.cache.total_size() == 0
+    mgr.check()
+
+
+# ---- host tier --------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+def test_an_evicted_prefix_comes_back_from_the_host_tier(policy):
+    host = HostTier(400, 1, policy)
+    mgr = manager(100, host_tier=host)
+    serve(mgr, toks(0, 60))
+    serve(mgr, toks(1000, 60))                     # evicts most of the first prompt to the host
+    assert mgr.peek(RadixKey(toks(0, 60))).prefix_len < 59
+    copies = mgr.take_copies()
+    assert copies and all(c.kind == "store" for c in copies)
+    req = CacheReq(RadixKey(toks(0, 60) + [1]))
+    assert mgr.admit(req, req.key[:-1], 61) == 60  # device part + host part
+    assert req.host_loaded > 0
+    loads = [c for c in mgr.take_copies() if c.kind == "load"]
+    assert sum(len(c.device) for c in loads) == req.host_loaded
+    assert list(loads[-1].device) == list(req.slots[60 - req.host_loaded:60])
+    mgr.cache_req(req, finished=True)
+    mgr.check()
+    assert host.stats()["host_hits"] == 1

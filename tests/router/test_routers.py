@@ -1,0 +1,145 @@
+"""Each router on hand-built states: the replica it must pick."""
+from __future__ import annotations
+
+import pytest
+
+from radixkv.cache.events import KVEvent, chain_hash
+from radixkv.cache.key import RadixKey
+from radixkv.events import encode_batch, decode_batch, to_wire
+from radixkv.router import ReplicaView, RequestInfo, RouterContext, make_router
+from radixkv.router.sglang import SGLangOptions
+from radixkv.sim.costmodel import CostModel
+
+PS = 4
+COST = CostModel.named("llama-3-8b", "h100-sxm")
+
+
+def ctx(n: int, **kw) -> RouterContext:
+    return RouterContext(n, page_size=PS, cost=COST, **kw)
+
+
+def req(rid: str, tokens, session=None, t=0.0) -> RequestInfo:
+    return RequestInfo(rid, list(tokens), session=session, arrival=t)
+
+
+def idle(n: int) -> list[ReplicaView]:
+    return [ReplicaView(kv_capacity=10_000)] * n
+
+
+def stored(tokens) -> list[KVEvent]:
+    """The events a radix cache with page PS emits when it stores `tokens`' whole pages."""
+    key, out, parent = RadixKey(tokens), [], None
+    for i in range(len(tokens) // PS):
+        h = chain_hash(parent, key.namespace, key.page(i, PS))
+        out.append(KVEvent("stored", h, parent, tuple(tokens[i * PS:(i + 1) * PS]),
+                           key.namespace))
+        parent = h
+    return out
+
+
+def test_round_robin_cycles():
+    r = make_router("round-robin", ctx(3))
+    assert [r.route(req(f"r{i}", [1, 2]), idle(3)) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_power_of_two_picks_the_shorter_of_its_two_draws():
+    import random
+    views = [ReplicaView(waiting=q) for q in (5, 1, 9, 3)]
+    r = make_router("power-of-two", ctx(4, seed=7))
+    rng = random.Random(7)
+    for i in range(20):
+        a, b = rng.sample(range(4), 2)
+        want = b if views[b].queue_len < views[a].queue_len else a
+        assert r.route(req(f"r{i}", [1]), views) == want
+
+
+def test_least_load_and_session_hash():
+    views = [ReplicaView(waiting=2), ReplicaView(running=1), ReplicaView(waiting=1, running=1)]
+    assert make_router("least-load", ctx(3)).route(req("a", [1]), views) == 1
+    r = make_router("session-hash", ctx(8))
+    first = [r.route(req(f"a{i}", [i], session=f"user{i}"), idle(8)) for i in range(40)]
+    again = [make_router("session-hash", ctx(8)).route(req(f"b{i}", [7], session=f"user{i}"),
+                                                        idle(8)) for i in range(40)]
+    assert first == again and len(set(first)) > 4          # stable, and spread
+    r3 = make_router("session-hash", ctx(3))
+    assert r3.route(req("x", [1]), views) == 1              # no key: the least loaded
+
+
+def test_sglang_follows_its_tree_until_load_is_imbalanced():
+    r = make_router("sglang-cache-aware", ctx(3))
+    prefix = list(range(100))
+    first = r.route(req("a", prefix + [1000]), idle(3))
+    r.on_route(first, req("a", prefix + [1000]))
+    assert r.route(req("b", prefix + [2000]), idle(3)) == first
+    other = r.route(req("c", [5000] * 50), idle(3))          # no match: the smallest tree
+    assert other != first
+    # imbalance beyond both thresholds (abs 64, rel 1.5): the least loaded worker
+    o = SGLangOptions()
+    r.load = [o.balance_abs_threshold + 10, 5, 3]
+    r.load[first], r.load[0] = r.load[0], r.load[first]
+    least = min(range(3), key=r.load.__getitem__)
+    assert r.route(req("d", prefix + [3000]), idle(3)) == least != first
+    r.load = [70, 40, 30]                                  # abs 40 < 64: balanced, the tree again
+    assert r.route(req("e", prefix + [4000]), idle(3)) == first
+
+
+def test_ray_prefix_affinity_candidates():
+    r = make_router("ray-prefix-affinity", ctx(4))
+    prefix = list(range(40))
+    r.on_route(2, req("a", prefix + [1]))
+    assert r.candidates(req("b", prefix + [2]), idle(4)) == [2]
+    assert r.candidates(req("c", [9] * 30), idle(4)) == [0, 1, 3]   # the smallest trees
+    skewed = [ReplicaView(waiting=q) for q in (0, 0, 12, 0)]
+    assert r.candidates(req("d", prefix + [3]), skewed) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("name", ["llm-d-precise", "radixkv"])
+def test_event_fed_routers_go_where_the_events_show_the_prefix(name):
+    r = make_router(name, ctx(3))
+    prefix = list(range(64))
+    batch = decode_batch(encode_batch(0.0, to_wire(stored(prefix), PS)))   # over the wire
+    r.on_events(1, batch)
+    r.on_events(2, stored(list(range(1000, 1064))))                       # as cache events
+    assert r.route(req("a", prefix + [7, 8, 9]), idle(3)) == 1
+    r.on_events(1, [KVEvent("removed", e.block_hash) for e in stored(prefix)])
+    r.on_events(0, stored(prefix))
+    assert r.route(req("b", prefix + [7, 8, 9]), idle(3)) == 0
+
+
+def test_radixkv_counts_an_in_flight_prefix():
+    r = make_router("radixkv", ctx(4))
+    prefix = list(range(2000))
+    a = req("a", prefix + [1])
+    first = r.route(a, idle(4))
+    r.on_route(first, a)
+    r.on_first_token(first, a)                 # prefilled, but no event has arrived yet
+    b = req("b", prefix + [2])
+    assert r.route(b, idle(4)) == first
+    r.on_finish(first, a)                      # finished and no event: nothing is held now
+    assert r.inflight[first] == {} and r.pending == [0] * 4
+
+
+def test_radixkv_prefers_a_cold_idle_replica_when_the_warm_queue_costs_more():
+    r = make_router("radixkv", ctx(2))
+    prefix = list(range(256))
+    r.on_events(0, stored(prefix))
+    q = req("q", prefix + [1])
+    assert r.route(q, idle(2)) == 0                        # warm and idle
+    r.pending[0] = 100_000                                 # warm, with a long prefill queue
+    assert r.route(q, idle(2)) == 1
+    pred = r.predict(q, r.page_hashes(q))
+    assert pred[0].hit_tokens == 256 and pred[1].hit_tokens == 0
+    assert pred[0].wait > pred[1].own
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="unknown router 'nope'"):
+        make_router("nope", ctx(2))
+    with pytest.raises(ValueError, match="needs a cost model"):
+        make_router("radixkv", RouterContext(2))
+    with pytest.raises(ValueError, match="num_replicas"):
+        RouterContext(0)
+    with pytest.raises(ValueError, match="2 views"):
+        make_router("round-robin", ctx(3)).route(req("a", [1]), idle(2))
+    with pytest.raises(ValueError, match="cache_threshold"):
+        SGLangOptions(cache_threshold=1.5)
