@@ -96,7 +96,10 @@ class RouterAdapter(RequestRouter):
             if got["lost"]:
                 log.warning("the router missed %d replica notices (the hub dropped them)",
                             got["lost"])
+            latest = {r["rank"]: uid for uid, r in got["replicas"].items()}   # last registered
             for uid, r in got["replicas"].items():
+                if latest[r["rank"]] != uid:
+                    continue                  # a replica that died and was replaced
                 if self.ranks.get(uid) != r["rank"] and r["rank"] < self.n:
                     self.replaced(uid, r["rank"])
                 if uid in self.ranks:
@@ -116,10 +119,12 @@ class RouterAdapter(RequestRouter):
     def replaced(self, uid: str, rank: int) -> None:
         """A replica takes rank `rank` (a new one, or one that replaced a replica that died:
         the router forgets the old one's pages)."""
-        gone = [u for u, r in self.ranks.items() if r == rank]
+        gone = [u for u, r in self.ranks.items() if r == rank and u != uid]
         for u in gone:
             del self.ranks[u]
-        if gone:
+        if gone:                              # its requests will never report: finish them
+            for rid in [rid for rid, (i, _) in self.infos.items() if i == rank]:
+                self.finished(rid)
             self.router.on_events(rank, KVEventBatch(time.time(), [AllBlocksCleared()]))
         self.ranks[uid] = rank
 

@@ -134,6 +134,7 @@ def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int |
             req.key = key + out                           # decoded: slots for the output
             mgr.grow([req], round_up(len(req.key), ps) - len(req.slots))
         mgr.cache_req(req, finished=True)
+        mgr.take_copies()              # no executor here: host-tier copies have nothing to move
         hits.append(hit)
         prompt_tokens += len(r.prompt)
         peak = max(peak, cache.num_entries())

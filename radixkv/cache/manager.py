@@ -24,6 +24,7 @@ admission whose match continues in host memory loads those pages back (`host_loa
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Hashable, Iterable
 
 import numpy as np
@@ -46,7 +47,9 @@ class CacheManager:
         self._memo: dict[int, tuple] = {}       # id(owner) -> (owner, key, prefix_len, node, stamp)
         self._holders: dict[int, Any] = {}      # id(req) -> req, for every request holding slots
         self._kept: dict[int, Any] = {}         # id(handle) -> handle a waiting request will hit
-        self._pinned: set[int] = set()          # id(req) of holders whose pin_ttl was applied
+        # requests whose pin_ttl was applied: a request pins once, not again when it is
+        # re-admitted after a retraction (weak: a finished request is not kept alive)
+        self._pinned: weakref.WeakSet = weakref.WeakSet()
         self.host = cache.host_tier()
         cache.default_pin_budget(pool.num_slots // PIN_SHARE)
 
@@ -204,8 +207,8 @@ class CacheManager:
             self.host.store(req.key[:A], slots[:A])  # read before any duplicate is freed
         res = self.cache.insert(req.key[:A], slots[:A], priority=req.priority)
         P = res.prefix_len
-        if req.pin_ttl > 0 and id(req) not in self._pinned and A:
-            self._pinned.add(id(req))
+        if req.pin_ttl > 0 and req not in self._pinned and A:
+            self._pinned.add(req)
             try:
                 self.cache.pin(req.key[:A], req.pin_ttl)
             except ValueError:                       # over the budget: counted, not fatal
@@ -247,7 +250,6 @@ class CacheManager:
     def _reset(self, req) -> None:
         req.slots, req.cached_len, req.last_node = EMPTY_SLOTS, 0, None
         del self._holders[id(req)]
-        self._pinned.discard(id(req))
 
     def _check_holder(self, req) -> None:
         if self._holders.get(id(req)) is not req:
@@ -286,3 +288,5 @@ class CacheManager:
         self.cache.reset()
         self.pool.reset()
         self._memo.clear()
+        self._kept = {}                              # the guard named the old tree's nodes
+        self.cache.set_eviction_guard(None)

@@ -176,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
                          f"vocabulary [0, {vocab})")
     torch.set_num_threads(args.threads)
     ex = TorchExecutor.from_config(args.model, cfg.kv_capacity, seed=rc.seed, device=dev,
-                                   dtype=dtype, batch_invariant=args.batch_invariant)
+                                   dtype=dtype, batch_invariant=args.batch_invariant,
+                                   host_slots=cfg.cache.host_kv_tokens)
     engine = Engine(cfg, cfg.cache.build(), ex)
     for r in reqs:
         engine.add_request(r)

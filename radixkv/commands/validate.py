@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
                         vocab_size=margs.vocab_size)
     torch.set_num_threads(args.threads)
     ex = TorchExecutor.from_config(args.model, cfg.kv_capacity, seed=rc.seed, device=dev,
-                                   dtype=dtype, attention=prof.backend)
+                                   dtype=dtype, attention=prof.backend,
+                                   host_slots=cfg.cache.host_kv_tokens)
     con = console()
     with con.status(f"real run: {ex.name}, {len(wl)} requests"):
         real, real_busy = run_real(wl, cfg, ex)

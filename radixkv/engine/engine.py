@@ -6,6 +6,7 @@ executor's are measured. Nothing here knows which executor runs.
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import Callable
 
 from radixkv.cache.base import PrefixCache
@@ -48,6 +49,7 @@ class Engine:
         self.requests: list[Request] = []
         self.finished: list[Request] = []
         self._arrivals: list[tuple[float, int, Request]] = []
+        self._order = itertools.count()           # arrival ties in submission order, unique
         self.steps = 0
         self.timeline: dict[str, list] = {"t": [], "waiting": [], "running": [], "kv_used": []}
 
@@ -61,7 +63,7 @@ class Engine:
 
     def add_request(self, req: Request) -> Request:
         self.check_fits(req)
-        heapq.heappush(self._arrivals, (req.arrival, len(self.requests), req))
+        heapq.heappush(self._arrivals, (req.arrival, next(self._order), req))
         self.requests.append(req)
         return req
 

@@ -107,6 +107,7 @@ class PagedBackend(AttentionBackend):
         self.q_block = positive_int(q_block, "paged attention: q_block")
         self.compile = compile
         self._flex: dict[bool, Callable] = {}
+        self._mask: tuple = (None, 0, None)     # (batch, n, block mask): one per forward, not per layer
 
     def _kernel(self, device: torch.device) -> Callable:
         from torch.nn.attention.flex_attention import flex_attention
@@ -145,7 +146,9 @@ class PagedBackend(AttentionBackend):
 
     def attend(self, layer: int, q: Tensor, kv: KVPool, batch: AttnBatch) -> Tensor:
         n = batch.max_slot + 1                                                  # pool prefix in use
-        bm = self._block_mask(kv, batch, n)
+        if self._mask[0] is not batch or self._mask[1] != n:
+            self._mask = (batch, n, self._block_mask(kv, batch, n))
+        bm = self._mask[2]
         k = kv.buf[0, layer, :n].permute(1, 0, 2)[None].to(q.dtype)              # [1, Hkv, n, D]
         v = kv.buf[1, layer, :n].permute(1, 0, 2)[None].to(q.dtype)
         qp = q[batch.q_index].transpose(1, 2)                                   # [NT, H, Q, D]

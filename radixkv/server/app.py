@@ -127,7 +127,10 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/flush_cache")
     async def flush_cache(raw: HTTPRequest):
-        _tenant(state, raw)
+        try:
+            state.tenants.check_admin(raw.headers.get("authorization"))
+        except AuthError as e:
+            return _error(403, str(e), "permission_error")
         ok = await asyncio.wrap_future(state.worker.call(_flush))
         if not ok:
             return _error(400, "cannot flush the cache while requests are running or waiting")
@@ -152,7 +155,10 @@ def _tenant(state: ServerState, raw: HTTPRequest) -> str | None:
 
 def _prompt_ids(state: ServerState, body, chat: bool) -> list[int]:
     if chat:
-        return state.template.encode([(m.role, m.text()) for m in body.messages])
+        try:
+            return state.template.encode([(m.role, m.text()) for m in body.messages])
+        except ValueError as e:                  # the checkpoint's template refused them
+            raise APIError(400, str(e), param="messages") from None
     if isinstance(body.prompt, str):
         return state.tokenizer.encode(body.prompt, add_bos=state.tokenizer.bos_id is not None)
     bad = next((t for t in body.prompt if not 0 <= t < state.vocab_size), None)

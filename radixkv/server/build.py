@@ -87,7 +87,7 @@ def _torch_parts(opts: ServeOptions, cfg: EngineConfig) -> tuple[Any, Any, Any]:
     if dev.type == "cpu":
         torch.set_num_threads(opts.threads)
     ex = TorchExecutor.from_config(opts.model, cfg.kv_capacity, seed=opts.seed, device=dev,
-                                   dtype=dtype)
+                                   dtype=dtype, host_slots=cfg.cache.host_kv_tokens)
 
     def sampling(body, max_tokens: int):
         return SamplingParams(body.temperature, body.top_p, max(body.top_k, 0), body.seed,

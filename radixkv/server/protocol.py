@@ -61,7 +61,7 @@ class SamplingFields(BaseModel):
             return f"n={self.n}: only n=1 is supported"
         if self.best_of not in (None, 1):
             return f"best_of={self.best_of}: only 1 is supported"
-        if self.logprobs not in (None, False) or self.top_logprobs:
+        if (self.logprobs is not None and self.logprobs is not False) or self.top_logprobs:
             return "logprobs are not supported"
         if self.echo:
             return "echo is not supported"

@@ -50,6 +50,11 @@ class EventHub:
         self._replicas: dict[str, dict] = {}
 
     def register(self, uid: str, rank: int, url: str) -> None:
+        """A replica takes `rank`; one that held it before (it died and was replaced) is
+        forgotten, so exactly one replica is listed per rank."""
+        for old in [u for u, r in self._replicas.items() if r["rank"] == rank and u != uid]:
+            del self._replicas[old]
+            self._figures.pop(old, None)
         self._replicas[uid] = {"rank": rank, "url": url}
 
     def push(self, uid: str, kind: str, payload: Any) -> None:

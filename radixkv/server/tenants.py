@@ -4,12 +4,14 @@ The salt is derived on the server, never taken from the client as is: identical 
 tenants live in different namespaces, so one tenant can neither hit nor time another's
 prefixes. The keys file (`--api-keys FILE`) is JSON:
 
-    {"keys": {"sk-alpha-1": "alpha", "sk-beta-1": "beta"}, "shared_namespace": "common"}
+    {"keys": {"sk-alpha-1": "alpha", "sk-beta-1": "beta"}, "shared_namespace": "common",
+     "admin_keys": ["sk-operator"]}
 
 `shared_namespace` (optional) names a namespace every tenant may opt into per request with
 `"cache_scope": "shared"` — for a common system prompt whose KV all tenants should reuse.
 A request's own `cache_salt` is honoured only with `--allow-client-cache-salt`, and then only
-inside its tenant's (or the shared) namespace.
+inside its tenant's (or the shared) namespace. Operations that touch every tenant's prefixes
+(`/flush_cache`) need one of the operator's `admin_keys` (optional; none: refused).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class AuthError(Exception):
 class Tenants:
     keys: dict[str, str] = field(default_factory=dict)     # API key -> tenant
     shared_namespace: str | None = None
+    admin_keys: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -48,10 +51,10 @@ class Tenants:
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: expected a JSON object with \"keys\", got "
                              f"{type(obj).__name__}")
-        unknown = set(obj) - {"keys", "shared_namespace"}
+        unknown = set(obj) - {"keys", "shared_namespace", "admin_keys"}
         if unknown:
             raise ValueError(f"{where}: unknown field {sorted(unknown)[0]!r}; fields: keys, "
-                             f"shared_namespace")
+                             f"shared_namespace, admin_keys")
         keys = obj.get("keys")
         if not isinstance(keys, dict) or not keys:
             raise ValueError(f"{where}: \"keys\" must be a non-empty object of API key -> tenant")
@@ -62,7 +65,14 @@ class Tenants:
         shared = obj.get("shared_namespace")
         if shared is not None and (not isinstance(shared, str) or not shared.strip()):
             raise ValueError(f"{where}: shared_namespace must be a non-empty string, got {shared!r}")
-        return cls(dict(keys), shared)
+        admin = obj.get("admin_keys", [])
+        if not isinstance(admin, list) or not all(isinstance(k, str) and k.strip() for k in admin):
+            raise ValueError(f"{where}: admin_keys must be a list of non-empty strings, got "
+                             f"{admin!r}")
+        clash = set(admin) & set(keys)
+        if clash:
+            raise ValueError(f"{where}: key {sorted(clash)[0]!r} is both a tenant's and an admin key")
+        return cls(dict(keys), shared, tuple(admin))
 
     def tenant_of(self, authorization: str | None) -> str | None:
         """The tenant of an `Authorization: Bearer KEY` header; None when tenants are off."""
@@ -75,6 +85,17 @@ class Tenants:
             if hmac.compare_digest(known.encode(), key.strip().encode()):
                 return tenant
         raise AuthError("invalid API key")
+
+    def check_admin(self, authorization: str | None) -> None:
+        """Raises AuthError unless tenants are off or the header carries an admin key."""
+        if not self.enabled:
+            return
+        scheme, _, key = (authorization or "").partition(" ")
+        ok = scheme.lower() == "bearer" and any(
+            hmac.compare_digest(a.encode(), key.strip().encode()) for a in self.admin_keys)
+        if not ok:
+            raise AuthError("this operation touches every tenant's cache: it needs one of the "
+                            "operator's admin_keys (in --api-keys)")
 
     def cache_salt(self, tenant: str | None, scope: str, client_salt: str | None,
                    allow_client_salt: bool) -> str | None:

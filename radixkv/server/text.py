@@ -27,6 +27,7 @@ class ChatTemplate:
         if jinja_source is not None:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise       # what HF templates call on bad input
             self._template = env.from_string(jinja_source)
 
     @classmethod
@@ -51,10 +52,16 @@ class ChatTemplate:
         return "checkpoint" if self.source is not None else "plain"
 
     def render(self, messages: Sequence[tuple[str, str]]) -> str:
+        """The prompt text; ValueError when the checkpoint's template refuses the messages
+        (a role order it does not allow, ...)."""
         if self._template is not None:
-            return self._template.render(messages=[{"role": r, "content": c} for r, c in messages],
-                                         bos_token=self._bos, eos_token=self._eos,
-                                         add_generation_prompt=True)
+            from jinja2 import TemplateError
+            try:
+                return self._template.render(
+                    messages=[{"role": r, "content": c} for r, c in messages],
+                    bos_token=self._bos, eos_token=self._eos, add_generation_prompt=True)
+            except TemplateError as e:
+                raise ValueError(f"the chat template refused the messages: {e}") from None
         return "".join(PLAIN_TEMPLATE.format(role=r, content=c) for r, c in messages) \
             + "<|assistant|>\n"
 
@@ -62,6 +69,11 @@ class ChatTemplate:
         text = self.render(messages)
         # a Jinja template writes its own BOS text; the plain one gets the BOS id
         return self.tok.encode(text, add_bos=self._template is None and self.tok.bos_id is not None)
+
+
+def _raise(message: str):
+    from jinja2 import TemplateError
+    raise TemplateError(message)
 
 
 class Detokenizer:

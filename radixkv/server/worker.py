@@ -48,6 +48,8 @@ class EngineWorker:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = False
+        self._closed = False                        # set once: the inbox answers nothing more
+        self._lock = threading.Lock()
         self._active: dict[int, _Track] = {}
         self._finished: list[Request] = []
         self._t0 = time.monotonic()
@@ -88,8 +90,12 @@ class EngineWorker:
             self._thread.join(timeout)
 
     def _put(self, item: tuple) -> None:
-        self._inbox.put(item)
-        self._wake.set()
+        with self._lock:
+            if not self._closed:
+                self._inbox.put(item)
+                self._wake.set()
+                return
+        _refuse(item, "error" if self.error else "abort")    # the engine thread has ended
 
     # ---- the engine thread ----------------------------------------------------------------------
     def _loop(self) -> None:
@@ -192,19 +198,25 @@ class EngineWorker:
                 self.publisher.publish(events)
 
     def _close_all(self, reason: str) -> None:
+        with self._lock:                             # nothing enters the inbox after this
+            self._closed = True
         for tr in self._active.values():
             r = tr.req
             tr.deliver(Update((), reason, (r.prompt_len, len(r.output), r.cached_tokens)))
         self._active.clear()
-        while True:                                  # calls queued behind the stop
+        while True:                                  # what was queued behind the stop
             try:
-                item = self._inbox.get_nowait()
+                _refuse(self._inbox.get_nowait(), reason)
             except queue.Empty:
                 break
-            if item[0] == "call":
-                item[2].set_exception(RuntimeError("the engine stopped"))
-            elif item[0] == "add":
-                item[2](Update((), reason, (item[1].prompt_len, 0, 0)))
+
+
+def _refuse(item: tuple, reason: str) -> None:
+    """Answer an inbox item the engine will never run: a call fails, a request ends."""
+    if item[0] == "call":
+        item[2].set_exception(RuntimeError("the engine stopped"))
+    elif item[0] == "add":
+        item[2](Update((), reason, (item[1].prompt_len, 0, 0)))
 
 
 def engine_stats(eng: Engine) -> dict:

@@ -159,3 +159,37 @@ def test_an_evicted_prefix_comes_back_from_the_host_tier(policy):
     mgr.cache_req(req, finished=True)
     mgr.check()
     assert host.stats()["host_hits"] == 1
+
+
+def test_regression_replay_leaves_no_host_copies_queued():
+    """The sequential replay has no executor to run host-tier copies; it used to queue one
+    per request forever (memory growing with the trace)."""
+    from radixkv.config import CacheConfig
+    from radixkv.replay import replay
+    from radixkv.workloads import make_workload
+    w = make_workload("multiturn", num_users=6, turns=4, msg_len=(8, 24), reply_len=(4, 12),
+                      vocab_size=500)
+    cache = CacheConfig("radix", 1, "lru", host_kv_tokens=4096).build()
+    stats = replay(w, cache, capacity=300, check=True)
+    assert stats.evicted_tokens > 0                  # the host tier was in play
+    assert cache.host_tier().pending() == 0
+
+
+def test_regression_a_retracted_request_pins_once():
+    """A request with pin_ttl pinned again, under a longer key, each time it was re-admitted
+    after a retraction: a second pin spending the budget twice."""
+    mgr = manager(400)
+    req = CacheReq(RadixKey(toks(0, 40)), pin_ttl=5.0)
+    assert mgr.admit(req, req.key[:-1], 40) == 0
+    mgr.cache_req(req, finished=False)                # the prompt is pinned
+    assert mgr.cache.pinned_size() == 40
+    mgr.release(req)                                   # retracted
+    req.key = RadixKey(toks(0, 50))                    # it had decoded ten more tokens
+    assert mgr.admit(req, req.key[:-1], 50) == 40
+    mgr.cache_req(req, finished=False)
+    assert mgr.cache.pinned_size() == 40               # still the one pin
+    mgr.cache_req(req, finished=True)
+    mgr.check()
+    mgr.reset()
+    assert mgr.cache.pinned_size() == 0
+    assert serve(mgr, toks(0, 30)) == 0                # a reset leaves no guard or pin behind

@@ -46,3 +46,23 @@ def test_regression_output_len_only_records_are_simulated_with_filler():
     assert out["b"] == [] and out["c"] == [1, 2, 3]
     assert [r.cached_tokens for r in sorted(rep.records, key=lambda r: r.rid)] == [0, 40, 40]
     eng.check_invariants()
+
+
+def test_regression_equal_arrivals_after_forget_finished_do_not_compare_requests():
+    """The arrival heap broke ties by len(requests), which forget_finished shrinks: a new
+    request could get the tie-break of one still pending at the same time, and the heap then
+    compared Request objects (TypeError)."""
+    from radixkv.config import CacheConfig, EngineConfig
+    from radixkv.engine.engine import Engine
+    from radixkv.sched.request import Request, Status
+    from radixkv.sim.executor import SimExecutor
+    eng = Engine(EngineConfig(kv_capacity=4096, cache=CacheConfig()), CacheConfig().build(),
+                 SimExecutor.named())
+    b = eng.add_request(Request("b", list(range(10)), 2))
+    eng.add_request(Request("c", list(range(20, 30)), 2, arrival=100.0))
+    while b.status is not Status.FINISHED:
+        eng.step()
+    eng.forget_finished()                            # requests: [c], pending at t=100
+    eng.add_request(Request("d", list(range(40, 50)), 2, arrival=100.0))
+    rep = eng.run_until_idle()
+    assert sorted(r.rid for r in rep.records) == ["c", "d"]

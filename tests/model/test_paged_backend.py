@@ -48,3 +48,15 @@ def test_registered_and_chosen_on_cuda_only():
     assert default_backend_name("cuda") == "paged" and default_backend_name("cpu") == "sdpa"
     with pytest.raises(ValueError, match="kv_block"):
         attention_backend("paged", kv_block=0)
+
+
+def test_regression_block_mask_built_once_per_forward(monkeypatch):
+    """The block mask (with its [tiles, pool] slot map) was rebuilt by every layer."""
+    from radixkv.model.attention import PagedBackend
+    built = []
+    real = PagedBackend._block_mask
+    monkeypatch.setattr(PagedBackend, "_block_mask",
+                        lambda self, *a: built.append(1) or real(self, *a))
+    steps = [([0], [np.arange(30)], 1), ([30], [np.arange(31)], 2)]
+    run("paged", steps)
+    assert ARGS.n_layers > 1 and len(built) == len(steps)

@@ -38,6 +38,7 @@ CASES = [
     ("empty prompt", {"prompt": []}, 400, None),
     ("empty string prompt", {"prompt": ""}, 400, None),
     ("n = 2", {"prompt": "hi", "n": 2}, 400, "n=2"),
+    ("logprobs 0", {"prompt": "hi", "logprobs": 0}, 400, "logprobs"),
     ("stop strings", {"prompt": "hi", "stop": ["\n"]}, 400, "stop_token_ids"),
     ("temperature a string", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
     ("client cache salt", {"prompt": "hi", "cache_salt": "x"}, 400, "--allow-client-cache-salt"),
@@ -73,6 +74,30 @@ def test_bad_chat_requests(server):
         assert r.status_code == status, (body, r.text)
         assert r.json()["error"]["code"] == status
     assert httpx.get(url + "/v1/nope").status_code == 404
+    check_clean(state)
+
+
+ROLE_CHECK = ("{% for m in messages %}{% if loop.index0 == 0 and m.role != 'user' %}"
+              "{{ raise_exception('Conversations must start with a user message') }}{% endif %}"
+              "[{{ m.role }}] {{ m.content }}\n{% endfor %}")
+
+
+def test_regression_a_checkpoint_template_refusal_is_a_400(server):
+    """A checkpoint's Jinja chat template that calls raise_exception (as most HF templates do
+    on a bad role order) used to fail with an undefined name, a 500."""
+    from radixkv.server.text import ChatTemplate
+    url, state = server
+    plain = state.template
+    state.template = ChatTemplate(state.tokenizer, ROLE_CHECK)
+    try:
+        bad = {"messages": [{"role": "assistant", "content": "hi"}], "max_tokens": 2}
+        r = _post(url, bad, "/v1/chat/completions")
+        assert r.status_code == 400, r.text
+        assert "must start with a user message" in r.json()["error"]["message"]
+        ok = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert _post(url, ok, "/v1/chat/completions").status_code == 200
+    finally:
+        state.template = plain
     check_clean(state)
 
 

@@ -172,3 +172,24 @@ def test_sim_server_prices_steps_with_a_calibration_profile(tmp_path):
         running_server(executor="sim", model="llama-3-8b", profile=str(path)).__enter__()
     with pytest.raises(ValueError, match="simulated executor"):
         running_server(executor="torch", profile=str(path)).__enter__()
+
+
+def test_regression_calls_after_the_engine_stopped_are_answered():
+    """A call or request put in the inbox while (or after) the engine thread closed it used to
+    wait forever; now it fails or ends at once."""
+    from radixkv.sched.request import Request
+    from radixkv.server.worker import Update
+    with running_server(executor="sim", model="llama-3-8b") as (_, state):
+        worker = state.worker
+    assert not worker.alive()
+    got: list[Update] = []
+    worker._put(("add", Request("late", [1, 2, 3], 4), got.append))
+    assert got == [Update((), "abort", (3, 0, 0))]
+    fut = worker.call(lambda e: 1)
+    with pytest.raises(RuntimeError):
+        fut.result(timeout=5)
+    from concurrent.futures import Future
+    raw: Future = Future()
+    worker._put(("call", lambda e: 1, raw))     # past the alive() check, as in the race
+    with pytest.raises(RuntimeError, match="stopped"):
+        raw.result(timeout=5)

@@ -11,7 +11,8 @@ import pytest
 from radixkv.server.tenants import AuthError, Tenants
 from tests.server._helpers import check_clean, client, running_server
 
-KEYS = {"keys": {"sk-alpha": "alpha", "sk-beta": "beta"}, "shared_namespace": "common"}
+KEYS = {"keys": {"sk-alpha": "alpha", "sk-beta": "beta"}, "shared_namespace": "common",
+        "admin_keys": ["sk-operator"]}
 PROMPT = list(range(2000, 2400))
 
 
@@ -68,6 +69,19 @@ def test_keys_are_required_and_checked(tenants_server):
     assert httpx.get(f"{url}/health").status_code == 200       # operations need no key
 
 
+def test_only_an_admin_key_flushes_every_tenants_cache(tenants_server):
+    url, state = tenants_server
+    cached(client(url, "sk-alpha"), PROMPT[:64])
+    for key in ("sk-alpha", "sk-beta", "nope"):
+        r = httpx.post(f"{url}/flush_cache", headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 403 and "admin_keys" in r.json()["error"]["message"]
+    assert httpx.post(f"{url}/flush_cache").status_code == 403
+    assert state.worker.call(lambda e: e.cache.total_size()).result(10) > 0
+    r = httpx.post(f"{url}/flush_cache", headers={"Authorization": "Bearer sk-operator"})
+    assert r.status_code == 200
+    assert state.worker.call(lambda e: e.cache.total_size()).result(10) == 0
+
+
 def test_without_shared_namespace_or_keys():
     with running_server(executor="sim", model="llama-3-8b") as (url, state):
         c = client(url)
@@ -84,7 +98,9 @@ def test_keys_file_errors(tmp_path):
     for text, needle in [("{", "malformed JSON"), ("[]", "JSON object"),
                          ('{"keys": {}}', "non-empty"), ('{"keys": {"k": ""}}', "non-empty"),
                          ('{"keys": {"k": "t"}, "extra": 1}', "unknown field 'extra'"),
-                         ('{"keys": {"k": "t"}, "shared_namespace": ""}', "shared_namespace")]:
+                         ('{"keys": {"k": "t"}, "shared_namespace": ""}', "shared_namespace"),
+                         ('{"keys": {"k": "t"}, "admin_keys": "a"}', "admin_keys"),
+                         ('{"keys": {"k": "t"}, "admin_keys": ["k"]}', "both")]:
         p.write_text(text)
         with pytest.raises(ValueError, match=needle):
             Tenants.load(p)
