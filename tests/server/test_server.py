@@ -193,3 +193,20 @@ def test_regression_calls_after_the_engine_stopped_are_answered():
     worker._put(("call", lambda e: 1, raw))     # past the alive() check, as in the race
     with pytest.raises(RuntimeError, match="stopped"):
         raw.result(timeout=5)
+
+
+def test_regression_host_tier_with_the_real_model_serves():
+    """serve built the torch executor without a host buffer, so the first plan carrying
+    host-tier copies ended the engine thread (every client got an error, /health 503)."""
+    cache = CacheConfig("radix", 1, "lru", host_kv_tokens=256)
+    with running_server(model="tiny-llama", executor="torch", kv_capacity=64,
+                        cache=cache) as (url, state):
+        c = client(url)
+        a, b = list(range(10, 50)), list(range(60, 100))
+        hits = [c.completions.create(model="tiny-llama", prompt=p, max_tokens=4,
+                                     temperature=0).usage.prompt_tokens_details.cached_tokens
+                for p in (a, b, a)]
+        assert hits[:2] == [0, 0] and hits[2] == 39        # A came back from the host tier
+        assert httpx.get(f"{url}/health").status_code == 200
+        assert on_engine(state, lambda e: e.cache.stats()["host_loaded_tokens"]) > 0
+        check_clean(state)
