@@ -34,9 +34,11 @@ from radixkv.validate import finite_at_least
 @dataclass(frozen=True)
 class RadixKVOptions:
     work_weight: float = 3.0          # cost per second of prefill recomputed, per request delayed
+    decode_weight: float = 0.0        # per second of its decode slowed by the batch it joins (0: off)
 
     def __post_init__(self):
         finite_at_least(self.work_weight, "radixkv work_weight", 0)
+        finite_at_least(self.decode_weight, "radixkv decode_weight", 0)
 
 
 class Flight(NamedTuple):
@@ -99,15 +101,26 @@ class RadixKVRouter(Router):
             out.append(Prediction(wait + own, wait, own, hit))
         return out
 
+    def decode_time(self, request: RequestInfo, view: ReplicaView) -> float:
+        """Seconds of this request's decode in the batch it would join on that replica: its
+        output budget in steps, each over every request the replica holds (running or queued)
+        at about this request's context."""
+        batch = view.running + view.waiting + 1
+        ctx = request.prompt_len + request.max_new_tokens // 2
+        return request.max_new_tokens * self.cost.step_time((), [ctx] * batch)
+
     def route(self, request: RequestInfo, replicas: Sequence[ReplicaView]) -> int:
         self.check_views(replicas)
         hashes = self.page_hashes(request)
         self._last = (request.rid, hashes)
         pred = self.predict(request, hashes)
         least = min(p.own for p in pred)
-        w = self.options.work_weight
+        w, dw = self.options.work_weight, self.options.decode_weight
+        dec = [self.decode_time(request, v) for v in replicas] if dw else [0.0] * self.n
+        fastest = min(dec)
         return min(range(self.n), key=lambda r: (
-            pred[r].ttft + w * (1 + replicas[r].waiting) * (pred[r].own - least),
+            pred[r].ttft + w * (1 + replicas[r].waiting) * (pred[r].own - least)
+            + dw * (dec[r] - fastest),
             -pred[r].hit_tokens, replicas[r].queue_len, r))
 
     # ---- bookkeeping --------------------------------------------------------------------------

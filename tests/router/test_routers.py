@@ -132,6 +132,23 @@ def test_radixkv_prefers_a_cold_idle_replica_when_the_warm_queue_costs_more():
     assert pred[0].wait > pred[1].own
 
 
+def test_radixkv_decode_weight_weighs_the_batch_a_request_would_join():
+    """Off (the default), a warm replica wins whatever its decode batch; with decode_weight,
+    a cold idle replica wins once the warm one's batch slows this request's decode by more
+    than the prefill it saves."""
+    from radixkv.router.radixkv import RadixKVOptions
+    prefix = list(range(64))
+    q = RequestInfo("q", prefix + [1], max_new_tokens=500)
+    busy = [ReplicaView(running=200, kv_capacity=10_000), ReplicaView(kv_capacity=10_000)]
+    for weight, expect in ((0.0, 0), (1.0, 1)):
+        r = make_router("radixkv", ctx(2), RadixKVOptions(decode_weight=weight))
+        r.on_events(0, stored(prefix))
+        assert r.route(q, busy) == expect
+        assert r.route(q, idle(2)) == 0                 # equal batches: the warm one
+    with pytest.raises(ValueError, match="decode_weight"):
+        RadixKVOptions(decode_weight=-1)
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="unknown router 'nope'"):
         make_router("nope", ctx(2))
