@@ -136,8 +136,10 @@ def unit_of(key: str) -> str:
         return "s"
     if key.endswith("_tokens") or key == "capacity":
         return "tokens"
-    if key.endswith(("_rate", "_usage")):
+    if key.endswith(("_rate", "_usage", "_error")):
         return "fraction"
+    if key in ("real", "simulated"):                 # validate's rows: a latency, both ways
+        return "s"
     return "count"
 
 

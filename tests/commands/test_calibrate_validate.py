@@ -36,6 +36,7 @@ def test_validate_reports_each_metric(profile, tmp_path):
     for m in doc["metrics"].values():
         assert m["real"] > 0 and m["simulated"] > 0
         assert m["relative_error"] == pytest.approx(m["simulated"] / m["real"] - 1)
+    assert doc["units"] == {"real": "s", "simulated": "s", "relative_error": "fraction"}
     # the simulator with the profile: same command shape as any simulate run
     assert main(["simulate", "--profile", str(profile), "--users", "3", "--turns", "2",
                  "--vocab-size", "259"]) == 0
