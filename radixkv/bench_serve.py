@@ -15,19 +15,18 @@ goes on. `duration_limit` stops the run: requests in flight then are errors, the
 from __future__ import annotations
 
 import asyncio
-import heapq
 import json
 import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import httpx
 
 from radixkv.bench_stats import RequestRecord, summarize
 from radixkv.validate import positive_int
 from radixkv.workloads import TraceRequest, Workload
+from radixkv.workloads.sessions import SessionQueue
 
 __all__ = ["BenchConfig", "BenchResult", "RequestRecord", "SSEParser", "StreamState",
            "run_benchmark", "send_times", "summarize"]
@@ -178,34 +177,6 @@ def send_times(workload: Workload, request_rate: float | None) -> list[float]:
         return [i / request_rate for i in range(len(rel))]
     factor = (len(rel) - 1) / (rel[-1] * request_rate)   # mean rate (n - 1) / span -> R
     return [t * factor for t in rel]
-
-
-class SessionQueue:
-    """The closed loop's order: `take(client)` gives the client's next request, the earliest
-    in trace order of a session it holds or of a session nobody holds yet (then its own); None
-    when it may send nothing more. A request without a session is a session of its own."""
-
-    def __init__(self, sessions: Sequence[str | None], num_clients: int):
-        self._queues: dict[object, deque[int]] = {}
-        for i, s in enumerate(sessions):
-            self._queues.setdefault(i if s is None else s, deque()).append(i)
-        self._unheld = deque(sorted(self._queues, key=lambda k: self._queues[k][0]))
-        self._held: list[list[tuple[int, object]]] = [[] for _ in range(num_clients)]
-
-    def take(self, client: int) -> int | None:
-        held = self._held[client]
-        new = self._queues[self._unheld[0]][0] if self._unheld else None
-        if held and (new is None or held[0][0] < new):
-            _, session = heapq.heappop(held)
-        elif new is not None:
-            session = self._unheld.popleft()
-        else:
-            return None
-        q = self._queues[session]
-        i = q.popleft()
-        if q:
-            heapq.heappush(held, (q[0], session))
-        return i
 
 
 class _Run:

@@ -11,12 +11,11 @@ sessions still pending belong to other clients.
 """
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from typing import Sequence
 
 from radixkv.sched.request import Request
 from radixkv.validate import positive_int
+from radixkv.workloads.sessions import SessionQueue
 
 
 class ClosedLoop:
@@ -30,17 +29,7 @@ class ClosedLoop:
             raise ValueError(f"{len(sessions)} sessions for {len(requests)} requests")
         self.num_clients = positive_int(num_clients, "the number of clients")
         self.requests = list(requests)
-        queues: dict[object, deque[int]] = {}
-        for i, s in enumerate(sessions):
-            # a sessionless request is its own session: keyed by its position, which no
-            # session name (a str) can equal
-            queues.setdefault(i if s is None else s, deque()).append(i)
-        self._queues = queues
-        # sessions by their first request: nobody holds a session before its first request
-        # is sent, and a client taking a new session always takes the earliest one, so the
-        # unheld sessions are handed out in this order
-        self._unheld = deque(sorted(queues, key=lambda k: queues[k][0]))
-        self._held: list[list[tuple[int, object]]] = [[] for _ in range(self.num_clients)]
+        self._order = SessionQueue(sessions, self.num_clients)
         self._pos = {id(r): i for i, r in enumerate(self.requests)}   # rids may repeat
         self.client_of: list[int | None] = [None] * len(self.requests)  # by trace position
         self.sent: list[list[Request]] = [[] for _ in range(self.num_clients)]
@@ -60,10 +49,10 @@ class ClosedLoop:
 
     def pending(self) -> int:
         """Requests not sent yet."""
-        return sum(len(q) for q in self._queues.values())
+        return self._order.pending()
 
     def _send(self, client: int, now: float) -> None:
-        i = self._take(client)
+        i = self._order.take(client)
         if i is None:
             return
         req = self.requests[i]
@@ -71,19 +60,3 @@ class ClosedLoop:
         self.client_of[i] = client
         self.sent[client].append(req)
         self._engine.add_request(req)
-
-    def _take(self, client: int) -> int | None:
-        """The trace position of the client's next request, removed from its session's queue."""
-        held = self._held[client]
-        new = self._queues[self._unheld[0]][0] if self._unheld else None
-        if held and (new is None or held[0][0] < new):
-            _, session = heapq.heappop(held)
-        elif new is not None:
-            session = self._unheld.popleft()
-        else:
-            return None
-        q = self._queues[session]
-        i = q.popleft()
-        if q:
-            heapq.heappush(held, (q[0], session))
-        return i

@@ -10,10 +10,11 @@ import math
 import httpx
 import pytest
 
-from radixkv.bench_serve import (BenchConfig, RequestRecord, SessionQueue, SSEParser,
-                                 StreamState, run_benchmark_async, send_times, summarize)
+from radixkv.bench_serve import (BenchConfig, RequestRecord, SSEParser, StreamState,
+                                 run_benchmark_async, send_times, summarize)
 from radixkv.cli import main
 from radixkv.serve_process import ServerProcess
+from radixkv.workloads.sessions import SessionQueue
 from radixkv.workloads import TraceRequest, Workload, fewshot
 
 
