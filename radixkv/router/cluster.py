@@ -59,9 +59,8 @@ class Replica:
 
     def snapshot(self) -> None:
         e = self.engine
-        s = e.sched
         held = len(self.infos)
-        running = len(s.running) + (s.chunked is not None)
+        running = e.sched.num_admitted
         self.view = ReplicaView(held - running, running, self.unprefilled, self.budget,
                                 e.pool.used(), e.config.kv_capacity)
 

@@ -51,6 +51,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked)
 
+    @property
+    def num_admitted(self) -> int:
+        """Requests holding slots: decoding, plus the one whose chunked prefill is under way."""
+        return len(self.running) + (self.chunked is not None)
+
     # ---- one round ----------------------------------------------------------------------------
     def schedule(self, now: float) -> BatchPlan | None:
         plan = BatchPlan()

@@ -153,7 +153,8 @@ def _tenant(state: ServerState, raw: HTTPRequest) -> str | None:
         raise APIError(401, str(e), "authentication_error") from None
 
 
-def _prompt_ids(state: ServerState, body, chat: bool) -> list[int]:
+def prompt_ids(state: ServerState, body, chat: bool) -> list[int]:
+    """The prompt's token ids (the chat template applied), checked against the vocabulary."""
     if chat:
         try:
             return state.template.encode([(m.role, m.text()) for m in body.messages])
@@ -176,7 +177,7 @@ def _make_request(state: ServerState, raw: HTTPRequest, body, chat: bool) -> Req
     msg = body.unsupported()
     if msg:
         raise APIError(400, msg)
-    ids = _prompt_ids(state, body, chat)
+    ids = prompt_ids(state, body, chat)
     if not ids:
         raise APIError(400, "the prompt is empty", param="prompt")
     limit = body.limit() if chat else body.max_tokens

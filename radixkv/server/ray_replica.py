@@ -98,9 +98,8 @@ class HubPublisher:
 
 def engine_figures(eng) -> dict:
     """What a replica publishes of its engine (called on the engine thread)."""
-    sch = eng.sched
-    return {"running": len(sch.running) + (sch.chunked is not None),
-            "kv_used": eng.pool.used(), "kv_capacity": eng.pool.num_slots}
+    return {"running": eng.sched.num_admitted, "kv_used": eng.pool.used(),
+            "kv_capacity": eng.pool.num_slots}
 
 
 class FirstOutput:

@@ -25,7 +25,7 @@ from ray import serve
 
 from radixkv.config import EngineConfig
 from radixkv.server import protocol as P
-from radixkv.server.app import APIError, _prompt_ids
+from radixkv.server.app import APIError, prompt_ids
 from radixkv.server.build import ServeOptions, load_text
 from radixkv.server.events import KVEventsConfig
 from radixkv.server.launch import bind
@@ -49,7 +49,7 @@ def route_of(text, opts: ServeOptions, path: str, raw: HTTPRequest, body: bytes)
     chat = ROUTED[path]
     try:
         req = (P.ChatCompletionRequest if chat else P.CompletionRequest).model_validate_json(body)
-        ids = _prompt_ids(text, req, chat)
+        ids = prompt_ids(text, req, chat)
         tenant = opts.tenants.tenant_of(raw.headers.get("authorization"))
         salt = opts.tenants.cache_salt(tenant, req.cache_scope, req.cache_salt,
                                        opts.allow_client_cache_salt)

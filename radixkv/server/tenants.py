@@ -78,11 +78,11 @@ class Tenants:
         """The tenant of an `Authorization: Bearer KEY` header; None when tenants are off."""
         if not self.enabled:
             return None
-        scheme, _, key = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not key:
+        key = _bearer(authorization)
+        if key is None:
             raise AuthError("missing API key: send Authorization: Bearer KEY")
-        for known, tenant in self.keys.items():       # compare in constant time
-            if hmac.compare_digest(known.encode(), key.strip().encode()):
+        for known, tenant in self.keys.items():
+            if _same(known, key):
                 return tenant
         raise AuthError("invalid API key")
 
@@ -90,10 +90,8 @@ class Tenants:
         """Raises AuthError unless tenants are off or the header carries an admin key."""
         if not self.enabled:
             return
-        scheme, _, key = (authorization or "").partition(" ")
-        ok = scheme.lower() == "bearer" and any(
-            hmac.compare_digest(a.encode(), key.strip().encode()) for a in self.admin_keys)
-        if not ok:
+        key = _bearer(authorization)
+        if key is None or not any(_same(a, key) for a in self.admin_keys):
             raise AuthError("this operation touches every tenant's cache: it needs one of the "
                             "operator's admin_keys (in --api-keys)")
 
@@ -114,3 +112,13 @@ class Tenants:
         else:
             return None if client_salt is None else f"client:{client_salt}"
         return base if client_salt is None else f"{base}/client:{client_salt}"
+
+
+def _bearer(authorization: str | None) -> str | None:
+    """The key of an `Authorization: Bearer KEY` header, or None."""
+    scheme, _, key = (authorization or "").partition(" ")
+    return (key.strip() or None) if scheme.lower() == "bearer" else None
+
+
+def _same(known: str, given: str) -> bool:
+    return hmac.compare_digest(known.encode(), given.encode())      # in constant time

@@ -185,9 +185,8 @@ class EngineWorker:
         self._publish()
         if m is not None:
             sch, pool = eng.sched, eng.pool
-            running = len(sch.running) + (sch.chunked is not None)
             in_use = pool.used() - eng.cache.evictable_size()
-            m.step(running, len(sch.waiting), in_use / max(pool.num_slots, 1), evicted, retracted)
+            m.step(sch.num_admitted, len(sch.waiting), in_use / max(pool.num_slots, 1), evicted, retracted)
         if eng.steps % FORGET_EVERY == 0:
             eng.forget_finished()
 
@@ -222,7 +221,7 @@ def _refuse(item: tuple, reason: str) -> None:
 def engine_stats(eng: Engine) -> dict:
     """What /server_info reports live (called on the engine thread)."""
     sch, pool = eng.sched, eng.pool
-    return {"running": len(sch.running) + (sch.chunked is not None),
+    return {"running": sch.num_admitted,
             "waiting": len(sch.waiting),
             "kv_slots_used": pool.used(), "kv_slots_evictable": eng.cache.evictable_size(),
             "kv_capacity": pool.num_slots, "cached_tokens_in_tree": eng.cache.total_size(),
