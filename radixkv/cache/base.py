@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Hashable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -52,6 +52,7 @@ class CacheReq:
     priority: int = 0
     pin_ttl: float = 0.0     # > 0: pin the prompt for this many seconds once it is cached
     host_loaded: int = 0     # tokens of its last admission loaded from the host tier
+    reuse_tag: Hashable = None   # its signature for the reuse order (orders.reuse_signature)
 
     def extend_slots(self, new: np.ndarray) -> None:
         self.slots = np.concatenate([self.slots, new])
@@ -88,17 +89,23 @@ class PrefixCache(ABC):
         """
         return self._match(as_key(key), bool(split))
 
-    def insert(self, key, slots, priority: int = 0) -> InsertResult:
+    def insert(self, key, slots, priority: int = 0, tag: Hashable = None) -> InsertResult:
         """Store `key` (its whole pages; a partial last page is not stored) with `slots`
         (len(slots) == len(key)). Mutates. Returns how much was already cached: the caller's
         slots in [already-owned prefix, prefix_len) are duplicates the caller must free; the
-        cache owns the slots of the newly stored range from now on."""
+        cache owns the slots of the newly stored range from now on. `tag` is the inserting
+        request's signature, which a learning eviction order (`reuse`) predicts reuse from;
+        other orders ignore it."""
         key, slots = as_key(key), as_slots(slots)
         if len(slots) != len(key):
             raise ValueError(f"insert got {len(slots)} slots for {len(key)} tokens")
         if slots.size and slots.min() < 0:
             raise ValueError(f"slot {int(slots.min())} is negative")
-        return self._insert(key, slots, an_int(priority, "priority"))
+        try:
+            hash(tag)
+        except TypeError:
+            raise ValueError(f"insert tag {tag!r} is not hashable") from None
+        return self._insert(key, slots, an_int(priority, "priority"), tag)
 
     def evict(self, num_tokens: int) -> np.ndarray:
         """Drop at least `num_tokens` unlocked tokens when possible (fewer if not enough are
@@ -211,9 +218,10 @@ class PrefixCache(ABC):
     def default_pin_budget(self, tokens: int) -> None:
         """The pin budget, unless one was configured (the manager passes a share of its pool)."""
 
-    def set_eviction_guard(self, keep: Callable[[Any], bool] | None) -> None:
-        """Entries `keep` returns True for are evicted only when nothing else is evictable
-        (None: no guard). Caches without an eviction order ignore it."""
+    def set_eviction_guard(self, keep: Callable[[Any], int | None] | None) -> None:
+        """Entries `keep` returns a rank for (not None) are evicted only when nothing else is
+        evictable, the highest rank first (the queue position of their first waiting user);
+        None: no guard. Caches without an eviction order ignore it."""
 
     def hit_handles(self, key: RadixKey, node: Any, prefix_len: int) -> list:
         """The evictable entries a splitting match of `key` would hit at its end, given its
@@ -257,7 +265,8 @@ class PrefixCache(ABC):
     def _match(self, key: RadixKey, split: bool) -> MatchResult: ...
 
     @abstractmethod
-    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int) -> InsertResult: ...
+    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int, tag: Hashable
+                ) -> InsertResult: ...
 
     @abstractmethod
     def _evict(self, num_tokens: int) -> np.ndarray: ...

@@ -270,7 +270,8 @@ class BlockHashCache(PrefixCache):
         return stamp == self._version
 
     # ---- insert (vLLM's cache_full_blocks) ------------------------------------------------
-    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int) -> InsertResult:
+    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int, tag=None
+                ) -> InsertResult:
         """Register the full blocks of `key`; `slots` must be whole blocks of the pool. A block
         id already registered with this content counts as cached (prefix_len, up to the first
         new block); a new block whose content another block already has is registered too (a

@@ -46,7 +46,7 @@ class CacheManager:
         self.evicted_tokens = 0
         self._memo: dict[int, tuple] = {}       # id(owner) -> (owner, key, prefix_len, node, stamp)
         self._holders: dict[int, Any] = {}      # id(req) -> req, for every request holding slots
-        self._kept: dict[int, Any] = {}         # id(handle) -> handle a waiting request will hit
+        self._kept: dict[int, tuple[int, Any]] = {}   # id(handle) -> (queue rank, handle) a waiting request will hit
         # requests whose pin_ttl was applied: a request pins once, not again when it is
         # re-admitted after a retraction (weak: a finished request is not kept alive)
         self._pinned: weakref.WeakSet = weakref.WeakSet()
@@ -82,19 +82,21 @@ class CacheManager:
         self.cache.advance(now)
 
     def guard(self, waiting: Iterable[tuple[Hashable, RadixKey]]) -> int:
-        """Queue-aware eviction: the entries these (owner, match key) pairs would hit are
-        evicted only when nothing else is evictable, until the next call. Returns how many."""
-        kept: dict[int, Any] = {}
-        for owner, key in waiting:
+        """Queue-aware eviction: the entries these (owner, match key) pairs would hit, in queue
+        order, are evicted only when nothing else is evictable, until the next call; then the
+        entry whose first user is furthest back goes first. Returns how many are kept."""
+        kept: dict[int, tuple[int, Any]] = {}
+        for rank, (owner, key) in enumerate(waiting):
             p, node = self.cached_prefix(owner, key)
             for h in self.cache.hit_handles(key, node, p):
-                kept[id(h)] = h
+                kept.setdefault(id(h), (rank, h))
         self._kept = kept
-        self.cache.set_eviction_guard(self._is_kept if kept else None)
+        self.cache.set_eviction_guard(self._kept_rank if kept else None)
         return len(kept)
 
-    def _is_kept(self, handle: Any) -> bool:
-        return id(handle) in self._kept
+    def _kept_rank(self, handle: Any) -> int | None:
+        e = self._kept.get(id(handle))
+        return e[0] if e is not None else None
 
     def take_copies(self) -> list:
         """The host-tier copies queued since the last call, in order (the executor runs them
@@ -205,7 +207,8 @@ class CacheManager:
         C, slots = req.cached_len, req.slots
         if self.host is not None and self.host.write_through:
             self.host.store(req.key[:A], slots[:A])  # read before any duplicate is freed
-        res = self.cache.insert(req.key[:A], slots[:A], priority=req.priority)
+        res = self.cache.insert(req.key[:A], slots[:A], priority=req.priority,
+                                tag=req.reuse_tag)
         P = res.prefix_len
         if req.pin_ttl > 0 and req not in self._pinned and A:
             self._pinned.add(req)

@@ -23,7 +23,8 @@ class NoCache(PrefixCache):
     def _match(self, key: RadixKey, split: bool) -> MatchResult:
         return MatchResult(0, EMPTY_SLOTS, None)
 
-    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int) -> InsertResult:
+    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int, tag=None
+                ) -> InsertResult:
         # nothing is stored: report every whole page as "already cached" so the caller frees it
         return InsertResult(len(key) - len(key) % self.page_size, None)
 

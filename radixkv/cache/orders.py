@@ -1,10 +1,12 @@
 """Stateful eviction orders: a sort key that also hears what the tree does.
 
 A plain order (cache/policies.py) is a function of one node's bookkeeping. An EvictionOrder is
-an object called the same way, with two hooks the radix tree calls: `used(node, priority, now)`
-when a request's insert passes through a node (`now` is the caller's time, `advance(now)`), and
-`evicted(key)` with the sort key of every node it drops. Both stay O(1): the tree re-pushes a
-candidate whose key changed, so no order ever rescans the heap.
+an object called the same way, with hooks the radix tree calls: `used(node, priority, now, tag)`
+when a request's insert passes through a node, `created(...)` when it makes one (`now` is the caller's time,
+`advance(now)`; `tag` the request's signature), and
+`hit(node)` when a splitting match counts a hit on a node, and `evicted(node, key)` with the
+sort key of every node it drops. All stay O(1): the tree re-pushes a candidate whose key
+changed, so no order ever rescans the heap.
 
 - `cost` — GreedyDual-Size-Frequency. A leaf's value per token freed is
   H = L + frequency * recompute_cost(depth, tokens) / tokens, where recompute_cost is the time
@@ -12,15 +14,23 @@ candidate whose key changed, so no order ever rescans the heap.
   context, so they cost more) and frequency is its hit count + 1. The smallest H goes first;
   L, the inflation value, becomes the H of each evicted leaf, so a leaf not used for a while
   falls behind newer ones without any key being recomputed.
+- `reuse` — learned reuse prediction, in the manner of SHiP (signature-based hit predictor,
+  Wu et al., MICRO 2011). Each insert carries its request's signature (`reuse_signature`: the
+  request's turn in its session, and how much of it was already cached, in powers of two), and
+  each signature a saturating counter: +1 when a node it created is hit for the first time, -1
+  when one leaves the cache never hit. A node remembers the last signature that inserted
+  through it; a leaf not hit since, whose signature's counter is 0, is predicted dead and goes
+  first (LRU among those), then the rest in LRU order. A finished conversation's whole path
+  goes first that way, not only its last turn. The counters learn online: nothing is declared.
 - `retention` — priority that decays: every use stamps `now + horizon * priority` and the node
   keeps the largest stamp (the max over its users). A node used at priority p outlives an
   unprioritised node used up to p * horizon seconds later; then it ages like any other.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
-from radixkv.validate import finite_at_least
+from radixkv.validate import finite_at_least, int_at_least, is_int
 
 TokenCost = Callable[[int, int], float]
 
@@ -42,11 +52,18 @@ class EvictionOrder:
     def __call__(self, n) -> tuple:
         raise TypeError(f"{type(self).__name__} does not define a sort key")
 
-    def used(self, n, priority: int, now: float) -> None:
+    def used(self, n, priority: int, now: float, tag: Hashable = None) -> None:
         """A request's insert passed through `n` (before `n` is re-keyed)."""
 
-    def evicted(self, key: tuple) -> None:
-        """A node with sort key `key` left the cache."""
+    def created(self, n, priority: int, now: float, tag: Hashable = None) -> None:
+        """A request's insert created `n` (its parent is set, its sort key not yet taken)."""
+        self.used(n, priority, now, tag)
+
+    def hit(self, n) -> None:
+        """A splitting match counted a hit on `n` (its hit_count already includes it)."""
+
+    def evicted(self, n, key: tuple) -> None:
+        """`n`, with sort key `key`, left the cache."""
 
 
 def _depth(n) -> int:
@@ -70,8 +87,55 @@ class CostOrder(EvictionOrder):
         per_token = self.token_cost(_depth(n), size) / size if size else 0.0
         return (self.inflation + (n.hit_count + 1) * per_token, n.id)
 
-    def evicted(self, key: tuple) -> None:
+    def evicted(self, n, key: tuple) -> None:
         self.inflation = max(self.inflation, key[0])
+
+
+def reuse_signature(turn: int | None, cached_tokens: int) -> tuple:
+    """A request's signature for the `reuse` order: its turn in its session (None without a
+    session; capped at 15) and the bit length of its cached prefix at first admission (a
+    one-shot retrieval behind a system prompt and a chat turn behind the few-shot block fall
+    in different buckets)."""
+    return (None if turn is None else min(turn, 15), int(cached_tokens).bit_length())
+
+
+class ReuseOrder(EvictionOrder):
+    def __init__(self, bits: int = 2, initial: int | None = None):
+        self.max = (1 << int_at_least(bits, "reuse counter bits", 1)) - 1
+        self.initial = self.max if initial is None else initial
+        if not is_int(self.initial) or not 0 <= self.initial <= self.max:
+            raise ValueError(f"reuse order: initial counter {initial!r} is not an int in "
+                             f"[0, {self.max}]")
+        self.counters: dict[Hashable, int] = {}    # signature -> saturating reuse counter
+
+    def predicted_dead(self, n) -> bool:
+        # touch: (last inserting signature, hit_count then); dead if not hit since and the
+        # signature's counter says its nodes are not reused
+        t = n.touch
+        return t is not None and n.hit_count == t[1] and \
+            self.counters.get(t[0], self.initial) == 0
+
+    def __call__(self, n) -> tuple:
+        return (not self.predicted_dead(n), n.last_access, n.id)
+
+    def _add(self, sig: Hashable, d: int) -> None:
+        self.counters[sig] = min(self.max, max(0, self.counters.get(sig, self.initial) + d))
+
+    def used(self, n: Any, priority: int, now: float, tag: Hashable = None) -> None:
+        if tag is not None:
+            n.touch = (tag, n.hit_count)
+
+    def created(self, n: Any, priority: int, now: float, tag: Hashable = None) -> None:
+        n.sig = tag                                # the signature whose counter n teaches
+        self.used(n, priority, now, tag)
+
+    def hit(self, n) -> None:
+        if n.hit_count == 1 and n.sig is not None:
+            self._add(n.sig, +1)
+
+    def evicted(self, n, key: tuple) -> None:
+        if n.hit_count == 0 and n.sig is not None:
+            self._add(n.sig, -1)
 
 
 class RetentionOrder(EvictionOrder):
@@ -81,5 +145,5 @@ class RetentionOrder(EvictionOrder):
     def __call__(self, n) -> tuple:
         return (n.retain, n.last_access, n.id)
 
-    def used(self, n: Any, priority: int, now: float) -> None:
+    def used(self, n: Any, priority: int, now: float, tag: Hashable = None) -> None:
         n.retain = max(n.retain, now + self.horizon * max(priority, 0))

@@ -78,7 +78,8 @@ def make_sort_key(name: str, **params) -> SortKey:
     return partial(fn, **params) if params else fn
 
 
-from radixkv.cache.orders import CostOrder, RetentionOrder  # noqa: E402  (registered below)
+from radixkv.cache.orders import CostOrder, RetentionOrder, ReuseOrder  # noqa: E402
 
 EVICTION_POLICIES.add("cost", CostOrder)
 EVICTION_POLICIES.add("retention", RetentionOrder)
+EVICTION_POLICIES.add("reuse", ReuseOrder)

@@ -49,7 +49,7 @@ _versions = itertools.count(1)     # heap-entry versions, unique across nodes: t
 
 class TreeNode:
     __slots__ = ("id", "key", "value", "parent", "children", "lock_ref", "last_access",
-                 "created", "hit_count", "priority", "hashes", "hv", "cv", "retain")
+                 "created", "hit_count", "priority", "hashes", "hv", "cv", "retain", "sig", "touch")
 
     def __init__(self, key: RadixKey, value: np.ndarray, parent: "TreeNode | None", now: float):
         self.id = next(_ids)
@@ -62,6 +62,7 @@ class TreeNode:
         self.hv = 0                               # version of this node's live heap entry
         self.cv = 0                               # bumped whenever `children` changes
         self.retain = 0.0                         # the retention order's decaying priority stamp
+        self.sig = self.touch = None              # the reuse order's (see cache/orders.py)
 
     def __len__(self) -> int:
         return len(self.key)
@@ -97,7 +98,7 @@ class RadixCache(PrefixCache):
         self.clock, self.eviction_policy = clock, eviction_policy
         self.sort_key = make_sort_key(eviction_policy, **policy_params)
         self._order = self.sort_key if isinstance(self.sort_key, EvictionOrder) else None
-        self.keep: Callable[[TreeNode], bool] | None = None     # the eviction guard
+        self.keep: Callable[[TreeNode], int | None] | None = None     # the eviction guard
         self.host = host_tier
         self.now = 0.0                            # the caller's time (advance): pins, retention
         self.pins = PinTable(self, max_pinned_tokens)
@@ -150,12 +151,14 @@ class RadixCache(PrefixCache):
     def _is_candidate(self, n: TreeNode) -> bool:
         return n.lock_ref == 0 and not n.children and n.parent is not None
 
-    def _push(self, n: TreeNode) -> None:
+    def _push(self, n: TreeNode) -> tuple:
         n.hv = next(_versions)            # a split gives a node the id of another's stale entry
-        heapq.heappush(self._heap, (*self.sort_key(n), n.hv, n))   # key..., version, node
+        entry = (*self.sort_key(n), n.hv, n)                        # key..., version, node
+        heapq.heappush(self._heap, entry)
         if len(self._heap) > 2 * self._num_nodes + 1024:
             self._heap = [(*self.sort_key(c), c.hv, c) for c in self._nodes() if self._is_candidate(c)]
             heapq.heapify(self._heap)
+        return entry
 
     def _touch(self, n: TreeNode, now: float) -> None:
         n.last_access = now
@@ -188,6 +191,8 @@ class RadixCache(PrefixCache):
             if split:
                 child.hit_count += 1
                 child.last_access = now
+                if self._order is not None:
+                    self._order.hit(child)
                 if child.lock_ref == 0 and not child.children:
                     self._push(child)             # a candidate's sort key changed
             parts.append(child.value)
@@ -225,6 +230,7 @@ class RadixCache(PrefixCache):
         new.id, child.id = child.id, next(_ids)   # the prefix keeps the older id (fifo ties)
         new.lock_ref, new.last_access = child.lock_ref, child.last_access
         new.hit_count, new.priority = child.hit_count, child.priority
+        new.retain, new.sig, new.touch = child.retain, child.sig, child.touch
         if child.hashes is not None:
             new.hashes, child.hashes = child.hashes[:k // self.page_size], child.hashes[k // self.page_size:]
         ck = self._child_key(parent, child.key, 0)
@@ -238,7 +244,8 @@ class RadixCache(PrefixCache):
         return new
 
     # ---- insert ---------------------------------------------------------------------------
-    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int) -> InsertResult:
+    def _insert(self, key: RadixKey, slots: np.ndarray, priority: int, tag=None
+                ) -> InsertResult:
         ps = self.page_size
         A = len(key) - len(key) % ps              # a partial trailing page is not stored
         now = self.clock()
@@ -251,7 +258,7 @@ class RadixCache(PrefixCache):
                 new = TreeNode(key[pos:A], slots[pos:A].copy(), node, now)
                 new.priority = priority
                 if self._order is not None:
-                    self._order.used(new, priority, self.now)
+                    self._order.created(new, priority, self.now, tag)
                 node.children[self._child_key(node, key, pos)] = new
                 node.cv += 1
                 self._num_nodes += 1
@@ -267,7 +274,7 @@ class RadixCache(PrefixCache):
                 child = self._split(child, k)
             child.priority = max(child.priority, priority)
             if self._order is not None:
-                self._order.used(child, priority, self.now)
+                self._order.used(child, priority, self.now, tag)
             self._touch(child, now)
             pos += k
             node = child
@@ -279,50 +286,76 @@ class RadixCache(PrefixCache):
         trim = self.evict_granularity == "page"
         need = -(-num_tokens // ps) * ps if trim else num_tokens   # page: whole pages, no more
         freed: list = []
-        total = self._evict_pass(need, 0, trim, freed, self.keep)
-        if total < need and self.keep is not None:                # guarded leaves, last
-            total = self._evict_pass(need, total, trim, freed, None)
-        return np.concatenate(freed) if freed else EMPTY_SLOTS
-
-    def _evict_pass(self, need: int, total: int, trim: bool, freed: list, keep) -> int:
-        """Pop candidates in order until `need` tokens are freed; leaves `keep` returns True
-        for are set aside and go back to the heap unchanged. Returns the total freed."""
-        held = []
+        held: list = []
+        total = 0
         while total < need and self._heap:        # not a local alias: _push may compact (replace) it
             entry = heapq.heappop(self._heap)
             n = entry[-1]
             if entry[-2] != n.hv or not self._is_candidate(n):
                 continue                          # stale entry
-            if keep is not None and keep(n):
-                held.append(entry)
+            rank = self.keep(n) if self.keep is not None else None
+            if rank is not None:
+                held.append((-rank, entry[-2], entry))
                 continue
-            L = len(n.key)
-            if trim and L > need - total:
-                self._trim(n, L - (need - total), freed)
-                # the edge's first page, bookkeeping and id are unchanged, so is its sort key:
-                # the same entry goes back and the node stays the next candidate
+            total, _ = self._evict_entry(entry, need, total, trim, freed)
+        trimmed = None
+        if total < need and held:
+            total, trimmed = self._evict_guarded(list(held), need, total, trim, freed)
+        for *_, entry in held:                    # back unchanged (stale ones are skipped later)
+            if entry is not trimmed:              # a trimmed entry is back already
                 heapq.heappush(self._heap, entry)
-                total = need
-                break
-            if self.host is not None:
-                self.host.demote(path_key(n), self._path_slots(n))
-            parent = n.parent
-            del parent.children[self._child_key(parent, n.key, 0)]
-            n.parent = None
-            parent.cv += 1
-            self._num_nodes -= 1
-            self._evictable -= L
-            total += L
-            freed.append(n.value)
-            if self._order is not None:
-                self._order.evicted(entry[:-2])
-            if self.enable_events:
-                self._events.extend(KVEvent("removed", h, namespace=n.key.namespace) for h in n.hashes)
-            if self._is_candidate(parent):        # a dead branch cascades within this call
-                self._push(parent)
-        for entry in held:
+        return np.concatenate(freed) if freed else EMPTY_SLOTS
+
+    def _evict_guarded(self, held: list, need: int, total: int, trim: bool, freed: list
+                       ) -> tuple[int, tuple | None]:
+        """Guarded leaves go last, the one whose first waiting user is furthest back in the
+        queue (highest rank) first: Belady's order over the part of the future the queue
+        shows. A parent exposed here is hit by the same request as its child, so it inherits
+        the child's rank unless it has its own (it is already back in the main heap).
+        Returns the total freed and the entry trimmed (page granularity), if one was."""
+        heapq.heapify(held)
+        while total < need and held:
+            neg_rank, _, entry = heapq.heappop(held)
+            n = entry[-1]
+            if entry[-2] != n.hv or not self._is_candidate(n):
+                continue
+            total, exposed = self._evict_entry(entry, need, total, trim, freed)
+            if n.parent is not None:              # trimmed, not evicted: need is met
+                return total, entry
+            if exposed is not None:
+                own = self.keep(exposed[-1])
+                rank = -neg_rank if own is None else min(own, -neg_rank)
+                heapq.heappush(held, (-rank, exposed[-2], exposed))
+        return total, None
+
+    def _evict_entry(self, entry: tuple, need: int, total: int, trim: bool, freed: list
+                     ) -> tuple[int, tuple | None]:
+        """Evict the candidate of heap entry `entry` (or, page granularity, trim it to what is
+        still needed). Returns the new total freed and the heap entry of the parent when that
+        became a candidate."""
+        n = entry[-1]
+        L = len(n.key)
+        if trim and L > need - total:
+            self._trim(n, L - (need - total), freed)
+            # the edge's first page, bookkeeping and id are unchanged, so is its sort key:
+            # the same entry goes back and the node stays the next candidate
             heapq.heappush(self._heap, entry)
-        return total
+            return need, None
+        if self.host is not None:
+            self.host.demote(path_key(n), self._path_slots(n))
+        if self._order is not None:
+            self._order.evicted(n, entry[:-2])    # still in the tree: its place is known
+        parent = n.parent
+        del parent.children[self._child_key(parent, n.key, 0)]
+        n.parent = None
+        parent.cv += 1
+        self._num_nodes -= 1
+        self._evictable -= L
+        freed.append(n.value)
+        if self.enable_events:
+            self._events.extend(KVEvent("removed", h, namespace=n.key.namespace) for h in n.hashes)
+        exposed = self._push(parent) if self._is_candidate(parent) else None
+        return total + L, exposed                 # a dead branch cascades within this call
 
     def _path_slots(self, n: TreeNode) -> np.ndarray:
         parts = []

@@ -30,7 +30,7 @@ def request_from_trace(tr, index: int, sampling=None, max_new_tokens: int | None
     return Request(tr.id, tr.prompt, max_new_tokens or max(tr.output_len, 1), arrival=tr.arrival,
                    forced_output=forced, extra_key=tr.extra_key, cache_salt=tr.cache_salt,
                    priority=tr.priority, routing_key=tr.routing_key, sampling=sampling,
-                   stop_ids=stop_ids, index=index, pin_ttl=tr.pin_ttl)
+                   stop_ids=stop_ids, index=index, pin_ttl=tr.pin_ttl, session=tr.session)
 
 
 class Engine:
@@ -50,6 +50,7 @@ class Engine:
         self.finished: list[Request] = []
         self._arrivals: list[tuple[float, int, Request]] = []
         self._order = itertools.count()           # arrival ties in submission order, unique
+        self._turns: dict[str, int] = {}          # session -> requests of it arrived so far
         self.steps = 0
         self.timeline: dict[str, list] = {"t": [], "waiting": [], "running": [], "kv_used": []}
 
@@ -95,7 +96,11 @@ class Engine:
     def step(self) -> bool:
         """One scheduling round and executor run; False when there is nothing left to do."""
         while self._arrivals and self._arrivals[0][0] <= self.now:
-            self.sched.add(heapq.heappop(self._arrivals)[2])
+            req = heapq.heappop(self._arrivals)[2]
+            if req.turn is None and req.session is not None:
+                req.turn = self._turns.get(req.session, 0)     # its session's arrivals so far
+                self._turns[req.session] = req.turn + 1
+            self.sched.add(req)
         plan = self.sched.schedule(self.now)
         if plan is None:
             if not self._arrivals:

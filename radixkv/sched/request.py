@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from radixkv.cache.key import RadixKey, pack_tokens
+from radixkv.cache.orders import reuse_signature
 from radixkv.cache.pool import EMPTY_SLOTS, SLOT_DTYPE
 from radixkv.validate import an_int, finite_at_least, finite_time, int_at_least
 
@@ -36,7 +37,7 @@ class Request:
                  forced_output: Sequence[int] | None = None, extra_key: str | None = None,
                  cache_salt: str | None = None, priority: int = 0, routing_key: str | None = None,
                  sampling: Any = None, stop_ids: Sequence[int] = (), index: int = 0,
-                 pin_ttl: float = 0.0):
+                 pin_ttl: float = 0.0, session: str | None = None, turn: int | None = None):
         self.prompt_key = RadixKey(prompt, extra_key, cache_salt)    # validates the ids
         if len(self.prompt_key) == 0:
             raise ValueError(f"request {rid!r} has an empty prompt")
@@ -49,6 +50,10 @@ class Request:
         self.rid, self.arrival, self.index = rid, arrival, index
         self.priority, self.routing_key, self.sampling = priority, routing_key, sampling
         self.pin_ttl = finite_at_least(pin_ttl, f"request {rid!r}: pin_ttl", 0)
+        # the conversation it belongs to and its turn there (the engine counts a session's
+        # arrivals when no turn is given): what the `reuse` eviction order learns from
+        self.session = session
+        self.turn = None if turn is None else int_at_least(turn, f"request {rid!r}: turn", 0)
         self.forced_output, self.max_new_tokens = forced_output, max_new_tokens
         self.stop_ids = frozenset(stop_ids) | {STOP}
         # a list/tuple is copied as is (fast); anything else (a one-shot iterator the key has
@@ -112,6 +117,12 @@ class Request:
         self._ns = need
 
     # ---- progress -----------------------------------------------------------------------------
+    @property
+    def reuse_tag(self) -> tuple:
+        """The signature its inserts carry (cache/orders.py: the `reuse` order learns from
+        it): its turn and the cached prefix of its first admission."""
+        return reuse_signature(self.turn, self.cached_tokens)
+
     @property
     def output(self) -> list[int]:
         return self.tokens[self.prompt_len:]

@@ -202,8 +202,10 @@ def _make_request(state: ServerState, raw: HTTPRequest, body, chat: bool) -> Req
     stops = list(body.stop_token_ids)
     if not body.ignore_eos and state.eos_id is not None:
         stops.append(state.eos_id)
+    # a chat's turn is the replies it already holds (the reuse eviction order learns from it)
+    turn = sum(m.role == "assistant" for m in body.messages) if chat else None
     req = Request(P.new_id("chatcmpl" if chat else "cmpl"), ids, max_tokens, cache_salt=salt,
-                  sampling=sampling, stop_ids=stops)
+                  sampling=sampling, stop_ids=stops, turn=turn)
     try:
         state.worker.engine.check_fits(req)
     except ValueError as e:

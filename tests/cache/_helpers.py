@@ -26,7 +26,7 @@ def node_snapshot(n) -> tuple:
     kids = tuple(sorted((node_snapshot(c) for c in n.children.values()), key=repr))
     return (n.key.namespace, tuple(n.key.tokens), tuple(n.value.tolist()), n.lock_ref,
             n.last_access, n.created, n.hit_count, n.priority, n.id,
-            None if n.hashes is None else tuple(n.hashes), kids)
+            None if n.hashes is None else tuple(n.hashes), n.retain, n.sig, n.touch, kids)
 
 
 def tree_snapshot(tree) -> tuple:

@@ -12,7 +12,7 @@ from radixkv.cache.manager import CacheManager
 from radixkv.cache.orders import CostOrder, analytic_token_cost
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
-from tests.cache._helpers import FakeClock, toks, tree_snapshot
+from tests.cache._helpers import FakeClock, all_nodes, toks, tree_snapshot
 
 
 def serve(mgr: CacheManager, tokens, priority: int = 0, pin_ttl: float = 0.0) -> int:
@@ -138,6 +138,64 @@ def test_a_guarded_leaf_goes_last():
     mgr.pool.free(mgr.cache.evict(40))             # nothing else left: the guard yields
     assert mgr.cache.total_size() == 0
     mgr.check()
+
+
+def test_guarded_leaves_go_furthest_waiter_first_and_an_exposed_parent_inherits_the_rank():
+    mgr = manager(100)
+    serve(mgr, toks(100, 20))                      # B: the least recent of all
+    serve(mgr, toks(0, 20))                        # A
+    serve(mgr, toks(0, 20) + toks(500, 20))        # A2, below A
+    serve(mgr, toks(200, 20))                      # C: nobody waits for it
+    first = CacheReq(RadixKey(toks(100, 20) + [5]))
+    second = CacheReq(RadixKey(toks(0, 20) + toks(500, 20) + [5]))
+    assert mgr.guard([(first, first.key[:-1]), (second, second.key[:-1])]) == 2
+    mgr.pool.free(mgr.cache.evict(60))             # C, then A2 (rank 1) and A (inherits 1)
+    assert mgr.peek(RadixKey(toks(100, 20))).prefix_len == 20
+    assert mgr.peek(RadixKey(toks(0, 20))).prefix_len == 0
+    assert mgr.peek(RadixKey(toks(200, 20))).prefix_len == 0
+    mgr.check()
+    mgr.cache.check_invariants()
+
+
+def test_regression_a_guarded_leaf_trimmed_keeps_one_heap_entry():
+    # page granularity trims the guarded leaf; its entry went back to the heap twice
+    mgr = manager(100, evict_granularity="page")
+    serve(mgr, toks(0, 40))
+    waiting = CacheReq(RadixKey(toks(0, 40) + [5]))
+    mgr.guard([(waiting, waiting.key[:-1])])
+    mgr.pool.free(mgr.cache.evict(10))             # only guarded leaves: 10 trimmed off the end
+    node = mgr.peek(RadixKey(toks(0, 30))).last_node
+    assert len(node.key) == 30
+    assert [e[-1] for e in mgr.cache._heap if e[-2] == node.hv] == [node]
+    mgr.check()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 6)), min_size=2, max_size=12),
+       st.lists(st.integers(0, 50), max_size=12, unique=True))
+def test_eviction_under_a_guard_matches_a_naive_order(prompts, ranks):
+    # one leaf per evict(1) (node granularity): unguarded leaves first in LRU order; when only
+    # guarded ones are left, the highest rank (distinct here)
+    clock = FakeClock()
+    tree = RadixCache(clock=clock, evict_granularity="node")
+    pool = SlotPool(500)
+    for i, (branch, n) in enumerate(prompts):
+        clock.t += 1
+        key = RadixKey([branch] + toks(100 * i, n))
+        slots = pool.alloc(len(key))
+        pool.free(slots[:tree.insert(key, slots).prefix_len])
+    nodes = sorted((n for n in all_nodes(tree) if n is not tree.root), key=lambda n: n.id)
+    rank = {id(n): r for n, r in zip(nodes, ranks)}
+    tree.set_eviction_guard(lambda n: rank.get(id(n)))
+    while tree.evictable_size():
+        leaves = [n for n in all_nodes(tree) if n.parent is not None and not n.children]
+        free = [n for n in leaves if id(n) not in rank]
+        expect = min(free, key=lambda n: (n.last_access, n.id)) if free else \
+            max(leaves, key=lambda n: rank[id(n)])
+        pool.free(tree.evict(1))
+        assert expect.parent is None, "evicted out of the guarded order"
+        tree.check_invariants()
+        pool.check_conservation(tree.held_slots())
 
 
 # ---- host tier --------------------------------------------------------------------------------

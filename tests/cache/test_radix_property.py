@@ -20,7 +20,8 @@ from radixkv.cache.radix import RadixCache
 from tests.cache._helpers import FakeClock, all_nodes, depth_len, tree_snapshot
 
 NAMESPACES = [(None, None), ("lora", "salt")]
-POLICIES = ["lru", "mru", "fifo", "filo", "lfu", "slru", "priority"]
+POLICIES = ["lru", "mru", "fifo", "filo", "lfu", "slru", "priority", "cost", "retention", "reuse"]
+TAGS = [None, "a", "b", (1, 3)]
 MAX_LEN = 16
 
 # (which earlier key to extend, where to cut it, new tokens, namespace index)
@@ -77,15 +78,15 @@ class RadixMachine(RuleBasedStateMachine):
         return m
 
     # ---- rules --------------------------------------------------------------------------
-    @rule(spec=key_spec, priority=st.integers(0, 3))
-    def insert(self, spec, priority):
+    @rule(spec=key_spec, priority=st.integers(0, 3), tag=st.sampled_from(TAGS))
+    def insert(self, spec, priority, tag):
         self.clock.t += 1
         ns, tokens = self._key(spec)
         n, ps = len(tokens), self.ps
         A = n - n % ps
         slots = self.pool.alloc(n)
         expected_p, _ = self._ref_match(ns, tokens[:A])
-        res = self.tree.insert(RadixKey(tokens, *ns), slots[:n], priority=priority)
+        res = self.tree.insert(RadixKey(tokens, *ns), slots[:n], priority=priority, tag=tag)
         assert res.prefix_len == expected_p
         assert depth_len(res.last_node) == A
         if A == 0:
@@ -131,6 +132,13 @@ class RadixMachine(RuleBasedStateMachine):
         with pytest.raises(ValueError, match="dec_lock_ref on (unlocked node|the root)"):
             self.tree.dec_lock_ref(node)
         assert tree_snapshot(self.tree) == before
+
+    @rule(ranks=st.lists(st.one_of(st.none(), st.integers(0, 5)), max_size=8))
+    def guard(self, ranks):
+        # queue-aware eviction: some nodes kept with a queue rank (or the guard lifted)
+        nodes = sorted(all_nodes(self.tree), key=lambda n: n.id)
+        kept = {id(n): r for n, r in zip(nodes, ranks) if r is not None}
+        self.tree.set_eviction_guard((lambda n: kept.get(id(n))) if kept else None)
 
     @rule(n=st.integers(0, 40))
     def evict(self, n):

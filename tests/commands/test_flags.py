@@ -53,8 +53,8 @@ def test_simulate_help_shows_every_default(capsys):
     for shown in ("--schedule-policy NAME queue order: fcfs, lpm, lof, random, priority, "
                   "routing-key, dfs-weight (default: fcfs)",
                   "--radix-eviction-policy NAME radix eviction order (belady: the future-aware "
-                  "oracle, simulation only): lru, mru, fifo, filo, lfu, slru, priority, belady, cost, retention "
-                  "(default: lru)",
+                  "oracle, simulation only): lru, mru, fifo, filo, lfu, slru, priority, belady, cost, "
+                  "retention, reuse (default: lru)",
                   "--max-total-tokens TOKENS|SIZE KV pool: tokens, or a byte size such as 12GiB "
                   "at the model's KV bytes per token (default: 100000)",
                   "--chunked-prefill-size N longest prefill chunk in tokens; 0 or -1: no "

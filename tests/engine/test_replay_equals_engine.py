@@ -29,7 +29,8 @@ def unscripted(w):
 
 
 @pytest.mark.parametrize("cache", [CacheConfig("radix", 1), CacheConfig("radix", 16),
-                                   CacheConfig("radix", 1, "lfu"), CacheConfig("blockhash", 16),
+                                   CacheConfig("radix", 1, "lfu"), CacheConfig("radix", 1, "reuse"),
+                                   CacheConfig("blockhash", 16),
                                    CacheConfig("none", 1)], ids=lambda c: c.label)
 @pytest.mark.parametrize("pressure", [False, True], ids=["unlimited", "evicting"])
 @pytest.mark.parametrize("name", sorted(WORKLOADS) + ["multiturn-lengths-only"])

@@ -210,3 +210,19 @@ def test_regression_host_tier_with_the_real_model_serves():
         assert httpx.get(f"{url}/health").status_code == 200
         assert on_engine(state, lambda e: e.cache.stats()["host_loaded_tokens"]) > 0
         check_clean(state)
+
+
+def test_a_chats_turn_is_the_replies_it_holds(tiny):
+    # what the reuse eviction order learns from; a completion has no turn
+    from starlette.requests import Request as HTTPRequest
+    from radixkv.server.app import _make_request
+    from radixkv.server.protocol import ChatCompletionRequest, CompletionRequest
+    _, state = tiny
+    raw = HTTPRequest({"type": "http", "headers": []})
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"},
+            {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}]
+    chat = _make_request(state, raw, ChatCompletionRequest(messages=msgs, max_tokens=2), True)
+    plain = _make_request(state, raw, CompletionRequest(prompt="hello", max_tokens=2), False)
+    assert (chat.turn, plain.turn) == (2, None)
+    assert chat.reuse_tag == (2, 0) and plain.reuse_tag == (None, 0)
