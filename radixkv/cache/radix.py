@@ -18,9 +18,9 @@ before shallower ones.
 
 Operator controls, each off by default and kept in its own module: pinned prefixes
 (cache/pins.py: a pin is a lock with a deadline), stateful orders (cache/orders.py: `cost`,
-`retention`), an eviction guard (leaves it returns True for go only when nothing else is
-evictable: the manager's queue-aware eviction), and a host tier (cache/host_tier.py) that
-receives every evicted range before its slots are returned.
+`retention`, `reuse`), an eviction guard (leaves it gives a queue rank go only when nothing
+else is evictable, the highest rank first: the manager's queue-aware eviction), and a host
+tier (cache/host_tier.py) that receives every evicted range before its slots are returned.
 """
 from __future__ import annotations
 
@@ -116,6 +116,7 @@ class RadixCache(PrefixCache):
         self._evictable = self._protected = 0
         self._num_nodes = 1
         self._heap: list = []
+        self._compactions = 0                     # heap rebuilds so far (entries held in _evict)
         self.pins.clear()
         if self.host is not None:
             self.host.reset()
@@ -156,9 +157,14 @@ class RadixCache(PrefixCache):
         entry = (*self.sort_key(n), n.hv, n)                        # key..., version, node
         heapq.heappush(self._heap, entry)
         if len(self._heap) > 2 * self._num_nodes + 1024:
-            self._heap = [(*self.sort_key(c), c.hv, c) for c in self._nodes() if self._is_candidate(c)]
-            heapq.heapify(self._heap)
+            self._rebuild_heap()
         return entry
+
+    def _rebuild_heap(self) -> None:
+        """Every candidate, keyed afresh (keys are functions of node state: nothing moves)."""
+        self._heap = [(*self.sort_key(c), c.hv, c) for c in self._nodes() if self._is_candidate(c)]
+        heapq.heapify(self._heap)
+        self._compactions += 1
 
     def _touch(self, n: TreeNode, now: float) -> None:
         n.last_access = now
@@ -230,7 +236,8 @@ class RadixCache(PrefixCache):
         new.id, child.id = child.id, next(_ids)   # the prefix keeps the older id (fifo ties)
         new.lock_ref, new.last_access = child.lock_ref, child.last_access
         new.hit_count, new.priority = child.hit_count, child.priority
-        new.retain, new.sig, new.touch = child.retain, child.sig, child.touch
+        new.retain, new.touch = child.retain, child.touch
+        new.sig, child.sig = child.sig, None      # one reuse outcome per insertion: the prefix's
         if child.hashes is not None:
             new.hashes, child.hashes = child.hashes[:k // self.page_size], child.hashes[k // self.page_size:]
         ck = self._child_key(parent, child.key, 0)
@@ -286,7 +293,7 @@ class RadixCache(PrefixCache):
         trim = self.evict_granularity == "page"
         need = -(-num_tokens // ps) * ps if trim else num_tokens   # page: whole pages, no more
         freed: list = []
-        held: list = []
+        held: list = []          # guarded leaves popped: (-rank, version, entry, heap epoch)
         total = 0
         while total < need and self._heap:        # not a local alias: _push may compact (replace) it
             entry = heapq.heappop(self._heap)
@@ -295,24 +302,24 @@ class RadixCache(PrefixCache):
                 continue                          # stale entry
             rank = self.keep(n) if self.keep is not None else None
             if rank is not None:
-                held.append((-rank, entry[-2], entry))
+                held.append((-rank, entry[-2], entry, self._compactions))
                 continue
             total, _ = self._evict_entry(entry, need, total, trim, freed)
-        trimmed = None
+            if n.parent is not None:              # trimmed: the same entry goes back
+                heapq.heappush(self._heap, entry)
         if total < need and held:
-            total, trimmed = self._evict_guarded(list(held), need, total, trim, freed)
-        for *_, entry in held:                    # back unchanged (stale ones are skipped later)
-            if entry is not trimmed:              # a trimmed entry is back already
+            total = self._evict_guarded([h[:3] for h in held], need, total, trim, freed)
+        for *_, entry, epoch in held:             # back unchanged (stale ones are skipped later),
+            if epoch == self._compactions:        # unless a rebuilt heap holds them already
                 heapq.heappush(self._heap, entry)
         return np.concatenate(freed) if freed else EMPTY_SLOTS
 
-    def _evict_guarded(self, held: list, need: int, total: int, trim: bool, freed: list
-                       ) -> tuple[int, tuple | None]:
+    def _evict_guarded(self, held: list, need: int, total: int, trim: bool, freed: list) -> int:
         """Guarded leaves go last, the one whose first waiting user is furthest back in the
         queue (highest rank) first: Belady's order over the part of the future the queue
         shows. A parent exposed here is hit by the same request as its child, so it inherits
-        the child's rank unless it has its own (it is already back in the main heap).
-        Returns the total freed and the entry trimmed (page granularity), if one was."""
+        the child's rank unless it has its own (it is in the main heap already, and so is
+        every entry `_evict` holds once it is put back: nothing is pushed here)."""
         heapq.heapify(held)
         while total < need and held:
             neg_rank, _, entry = heapq.heappop(held)
@@ -320,31 +327,27 @@ class RadixCache(PrefixCache):
             if entry[-2] != n.hv or not self._is_candidate(n):
                 continue
             total, exposed = self._evict_entry(entry, need, total, trim, freed)
-            if n.parent is not None:              # trimmed, not evicted: need is met
-                return total, entry
             if exposed is not None:
                 own = self.keep(exposed[-1])
                 rank = -neg_rank if own is None else min(own, -neg_rank)
                 heapq.heappush(held, (-rank, exposed[-2], exposed))
-        return total, None
+        return total
 
     def _evict_entry(self, entry: tuple, need: int, total: int, trim: bool, freed: list
                      ) -> tuple[int, tuple | None]:
-        """Evict the candidate of heap entry `entry` (or, page granularity, trim it to what is
-        still needed). Returns the new total freed and the heap entry of the parent when that
-        became a candidate."""
+        """Evict the candidate of heap entry `entry`, or (page granularity) trim it to what is
+        still needed: its first page, bookkeeping and id stay, so does its sort key, and the
+        caller decides where its entry goes. Returns the new total freed and the heap entry
+        of the parent when that became a candidate."""
         n = entry[-1]
         L = len(n.key)
         if trim and L > need - total:
             self._trim(n, L - (need - total), freed)
-            # the edge's first page, bookkeeping and id are unchanged, so is its sort key:
-            # the same entry goes back and the node stays the next candidate
-            heapq.heappush(self._heap, entry)
             return need, None
         if self.host is not None:
             self.host.demote(path_key(n), self._path_slots(n))
         if self._order is not None:
-            self._order.evicted(n, entry[:-2])    # still in the tree: its place is known
+            self._order.evicted(n, entry[:-2])
         parent = n.parent
         del parent.children[self._child_key(parent, n.key, 0)]
         n.parent = None

@@ -18,7 +18,7 @@ import numpy as np
 from radixkv.cache.key import RadixKey, pack_tokens
 from radixkv.cache.orders import reuse_signature
 from radixkv.cache.pool import EMPTY_SLOTS, SLOT_DTYPE
-from radixkv.validate import an_int, finite_at_least, finite_time, int_at_least
+from radixkv.validate import an_int, finite_at_least, finite_time, int_at_least, optional_str
 
 STOP = -1          # the sentinel a scripted (workload-driven) request "samples" at its end
 FILLER_BASE = 2**31   # output ids made up where a trace records only a length: above any vocabulary
@@ -52,7 +52,7 @@ class Request:
         self.pin_ttl = finite_at_least(pin_ttl, f"request {rid!r}: pin_ttl", 0)
         # the conversation it belongs to and its turn there (the engine counts a session's
         # arrivals when no turn is given): what the `reuse` eviction order learns from
-        self.session = session
+        self.session = optional_str(session, f"request {rid!r}: session")
         self.turn = None if turn is None else int_at_least(turn, f"request {rid!r}: turn", 0)
         self.forced_output, self.max_new_tokens = forced_output, max_new_tokens
         self.stop_ids = frozenset(stop_ids) | {STOP}

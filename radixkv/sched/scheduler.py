@@ -60,9 +60,12 @@ class Scheduler:
     def schedule(self, now: float) -> BatchPlan | None:
         plan = BatchPlan()
         self.mgr.tick(now)
+        # one queue order per round: admission walks it, and the guard ranks by it (with a
+        # chunked prefill under way nothing is ordered yet: arrival order stands in)
+        order = self._ordered_waiting(now) if self.waiting and self.chunked is None else None
         if self.cfg.queue_aware_eviction:
-            self.mgr.guard((r, r.match_key()) for r in self.waiting)
-        self._schedule_prefill(plan, now)
+            self.mgr.guard((r, r.match_key()) for r in (order or self.waiting))
+        self._schedule_prefill(plan, now, order)
         if self.running and (not plan.extends or self.cfg.mixed_decode):
             retractions = self.counters.retractions
             self._schedule_decode(plan)
@@ -106,7 +109,8 @@ class Scheduler:
         self._falling_back = False
         return self.order(self.waiting, self.ctx)
 
-    def _schedule_prefill(self, plan: BatchPlan, now: float) -> None:
+    def _schedule_prefill(self, plan: BatchPlan, now: float,
+                          order: list[Request] | None = None) -> None:
         cfg = self.cfg
         adder = PrefillAdder(self.mgr, cfg.prefill_budget, cfg.chunked_prefill_size > 0,
                              self._reserved(), self.new_token_ratio)
@@ -120,7 +124,7 @@ class Scheduler:
             if cfg.dedup and self.mgr.cache.shares_prefixes:
                 dedup = InBatchDedup(cfg.dedup_check_threshold, cfg.dedup_hold_threshold)
             admitted: set[int] = set()
-            for req in self._ordered_waiting(now):
+            for req in order if order is not None else self._ordered_waiting(now):
                 if len(adder.admitted) >= room:
                     break
                 if dedup is not None and dedup.should_hold(req, self.ctx.prefix(req)[0]):

@@ -157,6 +157,40 @@ def test_guarded_leaves_go_furthest_waiter_first_and_an_exposed_parent_inherits_
     mgr.cache.check_invariants()
 
 
+def test_an_exposed_parent_with_its_own_nearer_waiter_keeps_that_rank():
+    mgr = manager(100)
+    serve(mgr, toks(0, 20))                        # P
+    serve(mgr, toks(0, 20) + toks(500, 20))        # Q, below P
+    serve(mgr, toks(100, 20))                      # R
+    ws = [CacheReq(RadixKey(t + [5])) for t in (toks(0, 20),                  # rank 0: P
+                                                toks(100, 20),                # rank 1: R
+                                                toks(0, 20) + toks(500, 20))]  # rank 2: Q
+    ws[0].key = RadixKey(toks(0, 20) + [7, 8])     # P only (diverges from Q below P)
+    assert mgr.guard([(w, w.key[:-1]) for w in ws]) == 3
+    mgr.pool.free(mgr.cache.evict(40))             # Q (rank 2); then R (1) before P (own 0)
+    assert mgr.peek(RadixKey(toks(0, 20))).prefix_len == 20
+    assert mgr.peek(RadixKey(toks(100, 20))).prefix_len == 0
+    assert mgr.peek(RadixKey(toks(0, 40))).prefix_len == 20
+    mgr.check()
+
+
+def test_regression_an_exposed_parent_trimmed_in_the_guarded_pass_keeps_one_heap_entry():
+    # the exposed parent's entry was in the heap already; the trim pushed it a second time
+    mgr = manager(100, evict_granularity="page")
+    serve(mgr, toks(0, 10))
+    serve(mgr, toks(0, 20))
+    cache = mgr.cache
+    p = mgr.peek(RadixKey(toks(0, 10))).last_node
+    q = mgr.peek(RadixKey(toks(0, 20))).last_node
+    assert q.parent is p
+    cache.set_eviction_guard(lambda n: 0 if n is q else None)
+    mgr.pool.free(cache.evict(15))                 # all of q, then 5 trimmed off p
+    assert len(p.key) == 5
+    assert [e[-1] for e in cache._heap if e[-2] == p.hv] == [p]
+    cache.check_invariants()
+    mgr.check()
+
+
 def test_regression_a_guarded_leaf_trimmed_keeps_one_heap_entry():
     # page granularity trims the guarded leaf; its entry went back to the heap twice
     mgr = manager(100, evict_granularity="page")

@@ -106,12 +106,37 @@ def test_a_finished_conversations_whole_path_goes_first_but_not_a_prefix_hit_sin
     assert order.predicted_dead(r.tree.match_prefix(RadixKey(toks(0, 5)), split=False).last_node) is False
 
 
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_the_prediction_is_made_at_insert_and_survives_a_heap_rebuild(rebuild):
+    r = Run(bits=1)
+    r.insert(toks(0, 10), tag="rag")
+    r.insert(toks(100, 10), tag="chat")
+    r.insert(toks(200, 10), tag="rag")             # predicted live: "rag" is still at 1
+    assert r.evict(10) == [toks(0, 10)]            # unhit: "rag" 1 -> 0
+    assert r.tree.sort_key.counters == {"rag": 0}
+    r.insert(toks(300, 10), tag="rag")             # predicted dead
+    if rebuild:
+        r.tree._rebuild_heap()                     # what heap compaction does
+    assert r.evict(10) == [toks(300, 10)]
+    assert r.evict(10) == [toks(100, 10)]          # then LRU: chat before the live-keyed rag
+    assert r.evict(10) == [toks(200, 10)]
+
+
 def test_counters_saturate_and_hits_teach_once_per_node():
-    r = Run(bits=1)                                # counters in [0, 1], starting at 1
+    r = Run(bits=2, initial=1)                     # counters in [0, 3], starting at 1
     order = r.tree.sort_key
     r.insert(toks(0, 10), tag="a")
     r.hit(toks(0, 10))
     r.hit(toks(0, 10))                             # a second hit teaches nothing more
+    assert order.counters == {"a": 2}
+    for i in range(3):                             # three more nodes of "a", each hit
+        r.insert(toks(300 + 10 * i, 10), tag="a")
+        r.hit(toks(300 + 10 * i, 10))
+    assert order.counters == {"a": 3}              # saturated
+    r = Run(bits=1)                                # counters in [0, 1], starting at 1
+    order = r.tree.sort_key
+    r.insert(toks(0, 10), tag="a")
+    r.hit(toks(0, 10))
     assert order.counters == {"a": 1}
     r.insert(toks(50, 10), tag="b")
     r.evict(10)                                    # b: the least recent, never hit
@@ -121,15 +146,21 @@ def test_counters_saturate_and_hits_teach_once_per_node():
     assert order.counters == {"a": 1, "b": 0}
 
 
-def test_a_split_keeps_the_signature_and_the_last_touch_on_both_halves():
-    r = Run()
+def test_a_split_gives_the_signature_to_the_prefix_and_the_last_touch_to_both_halves():
+    # one outcome per insertion: the hit prefix teaches +1, the unhit suffix leaving teaches
+    # nothing (it taught -1 too, and the insertion counted as neither)
+    r = Run(bits=2, initial=1)
+    order = r.tree.sort_key
     r.insert(toks(0, 10), tag="x")
     node = r.tree.match_prefix(RadixKey(toks(0, 10)), split=False).last_node
-    assert (node.sig, node.touch) == ("x", ("x", 0))
+    assert (node.sig, node.touch) == ("x", ("x", 0, False))
     r.hit(toks(0, 4) + [999])                      # splits the edge after 4 tokens
     top = r.tree.match_prefix(RadixKey(toks(0, 4)), split=False).last_node
-    assert len(top.key) == 4 and (top.sig, top.touch, top.hit_count) == ("x", ("x", 0), 1)
-    assert (node.sig, node.touch, node.hit_count) == ("x", ("x", 0), 0)
+    assert len(top.key) == 4 and (top.sig, top.touch, top.hit_count) == ("x", ("x", 0, False), 1)
+    assert (node.sig, node.touch, node.hit_count) == (None, ("x", 0, False), 0)
+    assert order.counters == {"x": 2}
+    assert r.evict(6) == [toks(0, 10)]             # the suffix leaves unhit
+    assert order.counters == {"x": 2}
 
 
 def test_regression_a_split_prefix_keeps_its_retention_stamp():

@@ -24,7 +24,6 @@ def test_the_engine_counts_a_sessions_turns_in_arrival_order():
     eng.run_until_idle()
     assert {r.rid: r.turn for r in reqs} == {"late": 1, "first": 0, "given": 7, "other": 0,
                                              "none": None}
-    assert reqs[0].reuse_tag == (1, reqs[0].cached_tokens.bit_length())
 
 
 def _run(eviction: str, wl):

@@ -100,3 +100,16 @@ def test_regression_request_prompt_from_an_iterator():
     assert Request("a", np.array([5, 6, 7]), 2).tokens == [5, 6, 7]
     assert Request("k", r.prompt_key, 2).tokens == [5, 6, 7]
     assert Request("t", (5, 6, 7), 2).tokens == [5, 6, 7]
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(session=["u1"]), r"request 'r': session must be a str or None, got \['u1'\]"),
+    (dict(session=7), r"request 'r': session must be a str or None, got 7"),
+    (dict(turn=-1), r"request 'r': turn must be an int >= 0, got -1"),
+    (dict(turn=1.5), r"request 'r': turn must be an int >= 0, got 1.5"),
+    (dict(turn=True), r"request 'r': turn must be an int >= 0, got True"),
+])
+def test_bad_session_or_turn_is_refused_by_name(kw, needle):
+    # an unhashable session used to pass here and then lose the request inside Engine.step
+    with pytest.raises(ValueError, match=needle):
+        Request("r", toks(0, 10), 2, **kw)

@@ -34,3 +34,18 @@ def test_without_overdue_requests_lpm_order_holds():
 def test_a_negative_max_wait_is_refused_by_name():
     with pytest.raises(ValueError, match="lpm_max_wait"):
         SchedulerConfig(lpm_max_wait=-1.0)
+
+
+@pytest.mark.parametrize("policy, first", [("lpm", "long"), ("fcfs", "short")])
+def test_queue_aware_eviction_ranks_by_the_order_the_queue_is_served_in(policy, first):
+    # the guard's rank is the position of a prefix's first waiter in this round's order
+    from radixkv.cache.key import RadixKey
+    s = make_scheduler(policy=policy, max_running_requests=4)
+    warm(s, toks(0, 50))                           # short
+    warm(s, toks(1000, 100))                       # long
+    s.add(Request("short", toks(0, 50) + toks(5000, 20), 4, arrival=0.0, index=0))
+    s.add(Request("long", toks(1000, 100) + toks(6000, 20), 4, arrival=1.0, index=1))
+    s.schedule(2.0)
+    rank = {name: s.mgr._kept_rank(s.mgr.peek(RadixKey(t)).last_node)
+            for name, t in (("short", toks(0, 50)), ("long", toks(1000, 100)))}
+    assert rank[first] == 0 and sorted(rank.values()) == [0, 1]

@@ -225,4 +225,3 @@ def test_a_chats_turn_is_the_replies_it_holds(tiny):
     chat = _make_request(state, raw, ChatCompletionRequest(messages=msgs, max_tokens=2), True)
     plain = _make_request(state, raw, CompletionRequest(prompt="hello", max_tokens=2), False)
     assert (chat.turn, plain.turn) == (2, None)
-    assert chat.reuse_tag == (2, 0) and plain.reuse_tag == (None, 0)
