@@ -140,7 +140,7 @@ class SchedulerConfig:
     lpm_fallback_threshold: int = field(default=0, metadata=_flag(   # SGLang uses 128
         "--lpm-fallback-threshold", "lpm orders as fcfs while more requests than this wait; "
         "0: never"))
-    lpm_max_wait: float = field(default=6.0, metadata=_flag(         # seconds; by measurement
+    lpm_max_wait: float = field(default=4.0, metadata=_flag(         # seconds; by measurement
         "--lpm-max-wait", "lpm and dfs-weight admit requests waiting longer than this many "
         "seconds first, fcfs among them; 0: never"))
     queue_aware_eviction: bool = field(default=True, metadata=_flag(   # on: by measurement
