@@ -23,6 +23,7 @@ from baseline_tree import BaselineTree  # noqa: E402
 
 from radixkv.cache import RadixKey, SlotPool  # noqa: E402
 from radixkv.cache.radix import RadixCache  # noqa: E402
+from radixkv.sched.request import SessionTurns  # noqa: E402
 from radixkv.workloads import make_workload  # noqa: E402
 
 ns = time.perf_counter_ns
@@ -126,11 +127,8 @@ def main() -> int:
     con.print(table)
 
     # the stateful orders against lru, same replay, same run: whole-replay time under pressure
-    turns: dict = {}
-    tags = []
-    for r in wl:
-        turns[r.session] = turns.get(r.session, -1) + 1
-        tags.append((turns[r.session], 0))
+    turns = SessionTurns()
+    tags = [(turns.next(r.session), 0) for r in wl]
     t3 = Table(title="eviction orders: replay at 50,000 tokens, time against lru (same run)")
     for c in ("order", "ms", "evict calls", "/ lru", "target"):
         t3.add_column(c, justify="right")

@@ -128,19 +128,23 @@ class RouterAdapter(RequestRouter):
             self.router.on_events(rank, KVEventBatch(time.time(), [AllBlocksCleared()]))
         self.ranks[uid] = rank
 
+    def _prefilled(self, rid: str) -> bool:
+        """`rid`'s prompt stops counting as unprefilled; False if it already had."""
+        if rid not in self.prefilling:
+            return False
+        self.prefilling.discard(rid)
+        i, info = self.infos[rid]
+        self.unprefilled[i] -= info.prompt_len
+        return True
+
     def first_output(self, rid: str) -> None:
-        if rid in self.prefilling:
-            i, info = self.infos[rid]
-            self.prefilling.discard(rid)
-            self.unprefilled[i] -= info.prompt_len
-            self.router.on_first_token(i, info)
+        if self._prefilled(rid):
+            self.router.on_first_token(*self.infos[rid])
 
     def finished(self, rid: str) -> None:
         if rid not in self.infos:
             return
-        if rid in self.prefilling:
-            self.prefilling.discard(rid)
-            self.unprefilled[self.infos[rid][0]] -= self.infos[rid][1].prompt_len
+        self._prefilled(rid)
         i, info = self.infos.pop(rid)
         self.held[i] -= 1
         self.budget[i] -= info.max_new_tokens

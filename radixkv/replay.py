@@ -31,7 +31,7 @@ from radixkv.cache.key import RadixKey
 from radixkv.cache.manager import CacheManager
 from radixkv.cache.orders import reuse_signature
 from radixkv.cache.pool import SlotPool, round_up
-from radixkv.sched.request import FILLER_BASE
+from radixkv.sched.request import FILLER_BASE, SessionTurns
 from radixkv.validate import is_int, positive_int
 from radixkv.workloads import TraceRequest
 
@@ -116,7 +116,7 @@ def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int |
     cache.reset()
     mgr = CacheManager(cache, SlotPool(slots_total, page_size=ps))
     hits: list[int] = []
-    turns: dict[str, int] = {}                            # session -> requests so far
+    turns = SessionTurns()                                # as the engine numbers them
     prompt_tokens = peak = filler = 0
     wall0, cpu0 = time.perf_counter(), time.process_time()
     for i, r in enumerate(reqs):
@@ -131,10 +131,7 @@ def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int |
                              f"more beyond its cached prefix, and nothing more is evictable")
         if on_admit is not None:
             on_admit(i)
-        turn = None
-        if r.session is not None:                         # as the engine counts a session's turns
-            turn = turns[r.session] = turns.get(r.session, -1) + 1
-        req.reuse_tag = reuse_signature(turn, hit)
+        req.reuse_tag = reuse_signature(turns.next(r.session), hit)
         if len(out):
             mgr.cache_req(req, finished=False)            # prefilled: the prompt is shared
             req.key = key + out                           # decoded: slots for the output

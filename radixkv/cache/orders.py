@@ -71,15 +71,6 @@ class EvictionOrder:
         """`n`, with sort key `key`, left the cache."""
 
 
-def _depth(n) -> int:
-    """Tokens above `n`'s edge (its parents' edges)."""
-    d, p = 0, n.parent
-    while p is not None:
-        d += len(p.key)
-        p = p.parent
-    return d
-
-
 class CostOrder(EvictionOrder):
     def __init__(self, token_cost: TokenCost = analytic_token_cost):
         if not callable(token_cost):
@@ -89,7 +80,7 @@ class CostOrder(EvictionOrder):
 
     def __call__(self, n) -> tuple:
         size = len(n.key)
-        per_token = self.token_cost(_depth(n), size) / size if size else 0.0
+        per_token = self.token_cost(n.depth, size) / size if size else 0.0
         return (self.inflation + (n.hit_count + 1) * per_token, n.id)
 
     def evicted(self, n, key: tuple) -> None:

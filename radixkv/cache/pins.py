@@ -86,9 +86,8 @@ class PinTable:
     def _new_tokens(self, key: RadixKey, node: Any, prefix_len: int) -> int:
         """Tokens a pin ending at the pure read (`node`, `prefix_len`) adds to the union."""
         pinned = {id(n) for n in self._pinned_nodes()}
-        depth, added, n = 0, 0, node
+        depth, added, n = node.depth + len(node.key), 0, node
         while n.parent is not None:
-            depth += len(n.key)
             added += 0 if id(n) in pinned else len(n.key)
             n = n.parent
         if prefix_len > depth:                    # part of the next edge: its own node once split

@@ -49,7 +49,8 @@ _versions = itertools.count(1)     # heap-entry versions, unique across nodes: t
 
 class TreeNode:
     __slots__ = ("id", "key", "value", "parent", "children", "lock_ref", "last_access",
-                 "created", "hit_count", "priority", "hashes", "hv", "cv", "retain", "sig", "touch")
+                 "created", "hit_count", "priority", "hashes", "hv", "cv", "retain", "sig", "touch",
+                 "depth")
 
     def __init__(self, key: RadixKey, value: np.ndarray, parent: "TreeNode | None", now: float):
         self.id = next(_ids)
@@ -63,6 +64,7 @@ class TreeNode:
         self.cv = 0                               # bumped whenever `children` changes
         self.retain = 0.0                         # the retention order's decaying priority stamp
         self.sig = self.touch = None              # the reuse order's (see cache/orders.py)
+        self.depth = 0                            # tokens on the path above this node's edge
 
     def __len__(self) -> int:
         return len(self.key)
@@ -233,6 +235,7 @@ class RadixCache(PrefixCache):
         bookkeeping, and the split-off suffix keeps its own access time."""
         parent = child.parent
         new = TreeNode(child.key[:k], child.value[:k], parent, child.created)
+        new.depth, child.depth = child.depth, child.depth + k
         new.id, child.id = child.id, next(_ids)   # the prefix keeps the older id (fifo ties)
         new.lock_ref, new.last_access = child.lock_ref, child.last_access
         new.hit_count, new.priority = child.hit_count, child.priority
@@ -263,7 +266,7 @@ class RadixCache(PrefixCache):
                 # distinct slots are the pool's guarantee (a per-insert sort would cost ~5x
                 # the insert); check_invariants() catches a slot listed twice
                 new = TreeNode(key[pos:A], slots[pos:A].copy(), node, now)
-                new.priority = priority
+                new.priority, new.depth = priority, pos
                 if self._order is not None:
                     self._order.created(new, priority, self.now, tag)
                 node.children[self._child_key(node, key, pos)] = new
@@ -341,11 +344,11 @@ class RadixCache(PrefixCache):
         of the parent when that became a candidate."""
         n = entry[-1]
         L = len(n.key)
+        if self.host is not None:                 # the whole path, before any slot is freed
+            self.host.demote(path_key(n), self._path_slots(n))
         if trim and L > need - total:
             self._trim(n, L - (need - total), freed)
             return need, None
-        if self.host is not None:
-            self.host.demote(path_key(n), self._path_slots(n))
         if self._order is not None:
             self._order.evicted(n, entry[:-2])
         parent = n.parent
@@ -370,8 +373,6 @@ class RadixCache(PrefixCache):
     def _trim(self, n: TreeNode, keep: int, freed: list) -> None:
         """Drop the pages of leaf `n`'s edge after its first `keep` tokens (a page multiple)."""
         ps = self.page_size
-        if self.host is not None:
-            self.host.demote(path_key(n), self._path_slots(n))
         freed.append(n.value[keep:])
         self._evictable -= len(n.key) - keep
         n.key, n.value = n.key[:keep], n.value[:keep]
@@ -437,13 +438,13 @@ class RadixCache(PrefixCache):
     def lock_cost(self, key: RadixKey, node: TreeNode, prefix_len: int) -> int:
         # unlocked nodes on the path, plus the part of a partly matched edge below `node`
         # (a pure read stops at the parent of the edge a splitting match would cut)
-        cost, depth, n = 0, 0, node
+        depth = node.depth + len(node.key)
+        cost, n = 0, node
         while n is not self.root:
-            depth += len(n.key)
             cost += len(n.key) if n.lock_ref == 0 else 0
             n = n.parent
         if prefix_len > depth:
-            child = node.children.get(self._child_key(node, key, depth))
+            child = self.edge_below(node, key, depth)
             cost += prefix_len - depth if child is not None and child.lock_ref == 0 else 0
         return cost
 
@@ -458,10 +459,7 @@ class RadixCache(PrefixCache):
         return node.children.get(self._child_key(node, key, depth))
 
     def hit_handles(self, key: RadixKey, node: TreeNode, prefix_len: int) -> list[TreeNode]:
-        depth, n = 0, node
-        while n is not self.root:
-            depth += len(n.key)
-            n = n.parent
+        depth = node.depth + len(node.key)
         out = [] if node is self.root else [node]
         child = self.edge_below(node, key, depth) if prefix_len > depth else None
         return out + ([child] if child is not None else [])
@@ -566,6 +564,7 @@ class RadixCache(PrefixCache):
             assert len(n.value) == L, f"{n!r} holds {len(n.value)} slots for {L} tokens"
             assert L % ps == 0, f"{n!r} key length {L} is not a multiple of page_size {ps}"
             assert n.lock_ref >= 0, f"{n!r} has negative lock_ref"
+            assert n.depth == n.parent.depth + len(n.parent.key), f"{n!r} has a wrong depth"
             if n.lock_ref:
                 pr += L
             else:

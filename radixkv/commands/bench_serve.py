@@ -107,13 +107,13 @@ def run(args: argparse.Namespace) -> int:
         row = {"name": result.model, **result.summary}
         doc = metadata(workload_info(wl, args.workload), model=result.model, gpu=None,
                        max_total_tokens=None, results=[row], max_concurrency=clients)
-        doc.update(base_url=cfg.base_url, request_rate=_finite_or_str(args.request_rate))
+        doc.update(base_url=cfg.base_url, request_rate=finite_or_str(args.request_rate))
         with Outputs() as out:
             out.write_json(args.json, doc)
         con.print(f"wrote {args.json}")
     return 1 if result.summary["completed"] == 0 else 0
 
 
-def _finite_or_str(x: float | None) -> float | str | None:
+def finite_or_str(x: float | None) -> float | str | None:
     """A rate for strict JSON: inf is written as the string "inf"."""
     return "inf" if x is not None and x == float("inf") else x

@@ -7,11 +7,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from radixkv.commands.generate import DTYPES
 from radixkv.commands.output import check_file_target, console
 from radixkv.shapes import MODEL_CONFIGS
 from radixkv.validate import positive_int
-
-DTYPES = ("bfloat16", "float16", "float32")
 
 
 def register(subparsers: Any) -> None:

@@ -102,11 +102,10 @@ def run(args: argparse.Namespace) -> int:
         if need > config.engine.kv_capacity:
             raise ValueError(f"request {tr.id!r} needs about {need:,} KV slots but each replica "
                              f"has {config.engine.kv_capacity:,} (--max-total-tokens)")
-    cost = choice.cost
     con = console()
     with progress_bar(con) as bar:
         task = bar.add_task("routers", total=len(args.router))
-        results = run_routers(wl, config, args.router, cost, args.workers,
+        results = run_routers(wl, config, args.router, choice.cost, args.workers,
                               done=lambda _: bar.advance(task))
     title = (f"{wl.name} ({len(wl)} requests) · {config.replicas} replicas × "
              f"{config.engine.kv_capacity:,} KV tokens ({config.engine.cache.label}) · "

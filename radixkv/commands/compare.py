@@ -62,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     for nc in configs:
         check_pool(nc.cfg)
     wl = load_from_args(args, generator_defaults=REFERENCE.generator_defaults(args.workload))
-    cost = choice.cost
     con = console()
     rate = wl.meta.get("rate")
     gib = capacity * bpt / 2**30
@@ -76,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with progress_bar(con) as bar:
         tasks = {nc.name: bar.add_task(nc.name, total=len(wl)) for nc in configs}
-        results = compare(wl, configs, cost, progress=lambda name, k: bar.advance(tasks[name], k),
+        results = compare(wl, configs, choice.cost,
+                          progress=lambda name, k: bar.advance(tasks[name], k),
                           max_concurrency=clients)
     named = [(nc.name, rep) for nc, rep in results]
     rows = [rep.summary() for _, rep in named]

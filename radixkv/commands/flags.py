@@ -37,10 +37,6 @@ class ConfigFlag:
     metavar: str | None = None       # set: the value is text, parsed later (a capacity)
     caches: tuple[str, ...] = CACHE_KINDS    # the caches a cache option applies to
 
-    @property
-    def dest(self) -> str:
-        return self.name
-
     def valid(self) -> list[str]:
         module, _, name = (self.choices or "").partition(":")
         return list(getattr(import_module(module), name)) if module else []
@@ -91,9 +87,9 @@ def _add(group: Any, cf: ConfigFlag, *, help: str | None = None, default: str | 
         kw = {"metavar": cf.metavar, **kw}
     else:
         kw = {"type": type(cf.default), "metavar": _metavar(cf), **kw}
-    group.add_argument(cf.flag, dest=cf.dest, default=None, help=text, **kw)
+    group.add_argument(cf.flag, dest=cf.name, default=None, help=text, **kw)
     for alias in cf.aliases:
-        group.add_argument(alias, dest=cf.dest, default=argparse.SUPPRESS,
+        group.add_argument(alias, dest=cf.name, default=argparse.SUPPRESS,
                            help=argparse.SUPPRESS, **kw)
 
 

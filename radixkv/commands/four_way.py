@@ -14,7 +14,7 @@ from typing import Any
 from rich.table import Table
 
 from radixkv.bench_serve import BenchConfig, BenchResult, run_benchmark
-from radixkv.commands.bench_serve import cell
+from radixkv.commands.bench_serve import cell, finite_or_str
 from radixkv.commands.output import (Outputs, advance_by, check_dir_target, console, metadata,
                                      pct, progress_bar, workload_info)
 from radixkv.serve_process import ServerProcess, scrape_metrics
@@ -95,10 +95,11 @@ def make_fewshot_workload(name: str, model: str, num_prompts: int | None, rate: 
     `preambles` > 1 (fewshot only), that many few-shot workloads (seeds seed, seed+1, ...: each
     its own preamble) share the questions and are interleaved in a seeded random order."""
     positive_int(preambles, "--preambles")
+    vocab = _vocab(model)
+    size = FEWSHOT["small" if vocab < 1000 else "large"]
     if preambles > 1:
         if name != "fewshot":
             raise ValueError(f"--preambles applies to the fewshot workload, not {name!r}")
-        size = FEWSHOT["small" if _vocab(model) < 1000 else "large"]
         total = num_prompts or size["num_questions"]
         if total < preambles:
             raise ValueError(f"--num-prompts {total} is fewer than --preambles {preambles}")
@@ -111,8 +112,6 @@ def make_fewshot_workload(name: str, model: str, num_prompts: int | None, rate: 
         reqs = [dataclasses.replace(r, arrival=i * gap) for i, r in enumerate(reqs)]
         return Workload(f"fewshot x{preambles} preambles", reqs,
                         meta={**parts[0].meta, "preambles": preambles, "num_questions": total})
-    vocab = _vocab(model)
-    size = FEWSHOT["small" if vocab < 1000 else "large"]
     kw: dict[str, Any] = {"seed": seed, "vocab_size": min(size["vocab_size"], vocab),
                           "rate": None if math.isinf(rate) else rate}
     if name == "fewshot":
@@ -210,18 +209,17 @@ def run(args: argparse.Namespace) -> int:
     if args.max_total_tokens is not None:
         server_args += ["--max-total-tokens",
                         str(positive_int(args.max_total_tokens, "--max-total-tokens"))]
-    cfg_kw = dict(timeout=args.timeout)
     con = console()
     rows = []
     for name, flags in CONFIGS.items():
         with ServerProcess(server_args + flags, startup_timeout=args.startup_timeout) as srv:
             before = scrape_metrics(srv.base_url)
             with progress_bar(con) as bar:
-                result = run_benchmark(wl, BenchConfig(srv.base_url, **cfg_kw),
+                result = run_benchmark(wl, BenchConfig(srv.base_url, timeout=args.timeout),
                                        progress=advance_by(bar, name, len(wl)))
             after = scrape_metrics(srv.base_url)
-        rows.append(make_row(name, result, before, after))
-        r = rows[-1]
+        r = make_row(name, result, before, after)
+        rows.append(r)
         con.print(f"{name}: {r['completed']}/{r['requests']} completed, {r['errors']} errors, "
                   f"hit rate {pct(r['hit_rate'])}, {result.summary['duration_s']:.1f} s")
     rate = "all at once" if math.isinf(args.request_rate) else f"{args.request_rate:g} req/s"
@@ -230,8 +228,7 @@ def run(args: argparse.Namespace) -> int:
     con.print(rows_table(rows, title))
     doc = metadata(workload_info(wl, args.workload), model=model, gpu=args.gpu,
                    max_total_tokens=args.max_total_tokens, results=rows)
-    doc.update(executor=args.executor,
-               request_rate="inf" if math.isinf(args.request_rate) else args.request_rate)
+    doc.update(executor=args.executor, request_rate=finite_or_str(args.request_rate))
     with Outputs() as out:
         out.write_json(out_dir / "four_way.json", doc)
         plot(rows, out.path(out_dir / "four_way.png"), title)

@@ -82,8 +82,6 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-
-
 def _prompt_requests(args, tok, sampling, eos: int | None) -> list[Request]:
     path: Path = args.prompts
     if not path.is_file():
@@ -92,26 +90,17 @@ def _prompt_requests(args, tok, sampling, eos: int | None) -> list[Request]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"prompts file {str(path)!r} is not UTF-8 text (byte {e.start})") from None
-    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     stops = tuple(sampling.stop_token_ids) + ((eos,) if eos is not None else ())
-    if path.suffix == ".jsonl" or first.lstrip().startswith("{"):
+    if path.suffix == ".jsonl" or (lines and lines[0].lstrip().startswith("{")):
         return [request_from_trace(tr, i, replace(sampling, seed=sampling.seed + i),
                                    force=tr.output is not None, stop_ids=stops)
                 for i, tr in enumerate(read_jsonl(path))]
-    lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
         raise ValueError(f"prompts file {str(path)!r} holds no prompt")
     return [Request(f"p{i}", tok.encode(ln, add_bos=tok.bos_id is not None), args.max_new_tokens,
                     sampling=replace(sampling, seed=sampling.seed + i), stop_ids=stops, index=i)
             for i, ln in enumerate(lines)]
-
-
-
-
-
-
-
-
 
 
 def _refuse_workload_options(args: argparse.Namespace) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from radixkv.commands.flags import (CACHE_FLAGS, ENGINE_FLAGS, SCHED_FLAGS, add_config_flags,
                                     check_pool, configs_from_args)
+from radixkv.commands.generate import DTYPES
 from radixkv.shapes import MODEL_CONFIGS
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
 
@@ -49,7 +50,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--tokenizer", metavar="PATH",
                    help="tokenizer.json (default: the checkpoint's, else bytes)")
     g.add_argument("--device", help="torch: cpu, cuda or cuda:N (default: cuda if present)")
-    g.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), metavar="NAME",
+    g.add_argument("--dtype", choices=DTYPES, metavar="NAME",
                    help="torch: bfloat16, float16 or float32 (default: float32 on CPU, "
                         "bfloat16 on CUDA)")
     g.add_argument("--threads", type=int, default=1, metavar="N",
@@ -122,9 +123,11 @@ def run(args: argparse.Namespace) -> int:
                         device=args.device, dtype=args.dtype, threads=args.threads,
                         tokenizer=args.tokenizer, seed=args.seed or 0, tp=args.tp,
                         profile=args.profile)
+    cost = None
     if args.executor == "sim":
         from radixkv.server.build import sim_cost
-        bpt, default = sim_cost(opts).model_spec.kv_bytes_per_token_per_gpu, SIM_DEFAULT_TOKENS
+        cost = sim_cost(opts)
+        bpt, default = cost.model_spec.kv_bytes_per_token_per_gpu, SIM_DEFAULT_TOKENS
     else:
         bpt, default = None, TORCH_DEFAULT_TOKENS
     rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=default)
@@ -139,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         return run_replicas(args, opts, cfg)
     sock = bind(args.host, args.port)            # before the model loads: a busy port fails fast
     try:
-        state = build_server(opts, cfg, flag_table(args, cfg))
+        state = build_server(opts, cfg, flag_table(args, cfg), cost=cost)
         url = url_of(sock)
 
         def ready() -> None:

@@ -54,15 +54,14 @@ def run(args: argparse.Namespace) -> int:
         check_file_target(args.json, "--json")
     clients = concurrency_from_args(args)
     choice = cost_from_args(args)
-    bpt = choice.kv_bytes_per_token
-    rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=REFERENCE.max_total_tokens)
+    rc = configs_from_args(args, kv_bytes_per_token=choice.kv_bytes_per_token,
+                           default_tokens=REFERENCE.max_total_tokens)
     cfg = rc.engine(rc.caches[0])
     check_pool(cfg)
     wl = load_from_args(args, generator_defaults=REFERENCE.generator_defaults(args.workload))
-    cost = choice.cost
     con = console()
     with progress_bar(con) as bar:
-        rep = run_config(wl, cfg, cost, progress=advance_by(bar, cfg.label, len(wl)),
+        rep = run_config(wl, cfg, choice.cost, progress=advance_by(bar, cfg.label, len(wl)),
                          max_concurrency=clients)
     s = rep.summary()
     loop = "" if clients is None else f" · {clients} clients"

@@ -9,12 +9,10 @@ from typing import Any
 
 from rich.table import Table
 
-from radixkv.commands.flags import (BLOCK_SIZE, CACHE_FLAGS, _add, cache_config,
-                                    config_flags)
+from radixkv.commands.flags import BLOCK_SIZE, CACHE_FLAGS, SCHED_FLAGS, _add, cache_config
 from radixkv.commands.inputs import add_workload_args, load_from_args
 from radixkv.commands.output import (Outputs, check_file_target, console, metadata, pct,
                                      progress_bar, workload_info)
-from radixkv.config import SchedulerConfig
 from radixkv.planning.sweep import SweepRow, ceiling, lines_of, sweep
 from radixkv.plot_sweep import format_need, needed, smallest
 from radixkv.replay import parse_capacity
@@ -57,8 +55,8 @@ def register(subparsers: Any) -> None:
                         f"{', '.join(sorted(MODEL_SPECS))} (default: tokens only)")
     g.add_argument("--workers", type=int, metavar="N",
                    help="processes for the replays (default: the CPU cores)")
-    cf = config_flags(SchedulerConfig)["seed"]
-    _add(p.add_argument_group("workload seed"), cf, help="seed of the workload generator")
+    _add(p.add_argument_group("workload seed"), SCHED_FLAGS["seed"],
+         help="seed of the workload generator")
     p.add_argument("--json", type=Path, metavar="OUT",
                    help="also write the rows, with the run's metadata, as JSON")
     p.add_argument("--plot", type=Path, metavar="OUT.png",

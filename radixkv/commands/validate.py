@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
         description="Run one workload through the engine on the real model (as generate) and "
                     "on the simulator priced by --profile (as simulate), and print TTFT p50/p90, "
                     "E2E p50/p90 and makespan side by side with each relative error "
-                    f"(simulated / real - 1). CPU-sized defaults: "
+                    "(simulated / real - 1). CPU-sized defaults: "
                     + "; ".join(f"{w}: " + ", ".join(f"{k}={v}" for k, v in kw.items())
                                 for w, kw in CPU_DEFAULTS.items()) + ".")
     p.add_argument("--model", default="tiny-llama", metavar="NAME|DIR",

@@ -15,7 +15,7 @@ from radixkv.cache.pool import SlotPool, round_up
 from radixkv.config import EngineConfig
 from radixkv.engine.executor import Executor
 from radixkv.engine.metrics import EngineReport, RequestRecord
-from radixkv.sched.request import Request, Status
+from radixkv.sched.request import Request, SessionTurns, Status
 from radixkv.sched.scheduler import Scheduler
 
 
@@ -50,7 +50,7 @@ class Engine:
         self.finished: list[Request] = []
         self._arrivals: list[tuple[float, int, Request]] = []
         self._order = itertools.count()           # arrival ties in submission order, unique
-        self._turns: dict[str, int] = {}          # session -> requests of it arrived so far
+        self._turns = SessionTurns()              # a session's arrivals, numbered
         self.steps = 0
         self.timeline: dict[str, list] = {"t": [], "waiting": [], "running": [], "kv_used": []}
 
@@ -97,9 +97,8 @@ class Engine:
         """One scheduling round and executor run; False when there is nothing left to do."""
         while self._arrivals and self._arrivals[0][0] <= self.now:
             req = heapq.heappop(self._arrivals)[2]
-            if req.turn is None and req.session is not None:
-                req.turn = self._turns.get(req.session, 0)     # its session's arrivals so far
-                self._turns[req.session] = req.turn + 1
+            if req.turn is None:
+                req.turn = self._turns.next(req.session)
             self.sched.add(req)
         plan = self.sched.schedule(self.now)
         if plan is None:

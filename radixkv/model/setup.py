@@ -1,6 +1,7 @@
 """Resolving what a real model runs on: its shape (a named config or a checkpoint directory),
 the torch device, and whether a KV pool fits that device's memory — before anything is
-allocated. `radixkv generate` and `radixkv serve` share these."""
+allocated. The commands that run a real model (generate, serve, calibrate, validate) share
+these."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +10,6 @@ import torch
 
 from radixkv.cache.pool import host_memory_bytes
 from radixkv.shapes import MODEL_CONFIGS, ModelArgs
-
 
 
 def model_args(name: str) -> ModelArgs:

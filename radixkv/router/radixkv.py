@@ -90,12 +90,16 @@ class RadixKVRouter(Router):
                 return i
         return len(hashes)
 
+    def hit_tokens(self, replica: int, hashes: Sequence[int], prompt_len: int) -> int:
+        """Prompt tokens the replica holds or will hold; a match never covers the last one."""
+        ps = self.context.page_size
+        return min(self.held_pages(replica, hashes) * ps, (prompt_len - 1) // ps * ps)
+
     def predict(self, request: RequestInfo, hashes: Sequence[int]) -> list[Prediction]:
-        ps, n = self.context.page_size, request.prompt_len
-        most = (n - 1) // ps * ps           # a match never covers the last prompt token
+        n = request.prompt_len
         out = []
         for r in range(self.n):
-            hit = min(self.held_pages(r, hashes) * ps, most)
+            hit = self.hit_tokens(r, hashes, n)
             wait = self.prefill_time(0, self.pending[r])
             own = self.prefill_time(hit, n - hit)
             out.append(Prediction(wait + own, wait, own, hit))
@@ -131,8 +135,7 @@ class RadixKVRouter(Router):
         last = self._last
         hashes = last[1] if last is not None and last[0] == request.rid else \
             self.page_hashes(request)
-        ps = self.context.page_size
-        hit = min(self.held_pages(replica, hashes) * ps, (request.prompt_len - 1) // ps * ps)
+        hit = self.hit_tokens(replica, hashes, request.prompt_len)
         flying = self.inflight[replica]
         for h in hashes:
             flying[h] = flying.get(h, 0) + 1

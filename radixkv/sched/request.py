@@ -32,6 +32,19 @@ class Status(enum.Enum):
     ABORTED = "aborted"        # taken out before finishing (a client went away)
 
 
+class SessionTurns:
+    """Numbers each session's requests 0, 1, ... in the order `next` is asked."""
+
+    def __init__(self):
+        self._next: dict[str, int] = {}
+
+    def next(self, session: str | None) -> int | None:
+        if session is None:
+            return None
+        turn = self._next[session] = self._next.get(session, -1) + 1
+        return turn
+
+
 class Request:
     def __init__(self, rid: str, prompt: Sequence[int], max_new_tokens: int, arrival: float = 0.0,
                  forced_output: Sequence[int] | None = None, extra_key: str | None = None,

@@ -180,8 +180,8 @@ def _make_request(state: ServerState, raw: HTTPRequest, body, chat: bool) -> Req
     ids = prompt_ids(state, body, chat)
     if not ids:
         raise APIError(400, "the prompt is empty", param="prompt")
-    limit = body.limit() if chat else body.max_tokens
-    max_tokens = limit or (P.CHAT_DEFAULT_MAX_TOKENS if chat else P.COMPLETION_DEFAULT_MAX_TOKENS)
+    limit = body.limit()
+    max_tokens = limit or body.default_max_tokens
     if limit is None:                               # a default never overruns the context
         max_tokens = max(min(max_tokens, state.max_model_len - len(ids)), 1)
     if len(ids) + max_tokens > state.max_model_len:

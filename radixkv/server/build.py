@@ -117,16 +117,18 @@ def load_text(opts: ServeOptions) -> tuple[Any, ChatTemplate]:
     return tokenizer, ChatTemplate.for_model(tokenizer, model_dir)
 
 
-def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = None) -> ServerState:
+def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = None,
+                 cost=None) -> ServerState:
     """A ServerState ready for build_app; `flags` is the resolved flag table /server_info
-    shows (commands/serve.py makes it)."""
+    shows (commands/serve.py makes it); `cost`: the sim executor's cost model when the
+    caller already built it (else sim_cost(opts))."""
     events_on = opts.kv_events.enable_kv_cache_events and cfg.cache.kind != "none"
     if events_on:
         cfg = cfg.with_(cache=dataclasses.replace(cfg.cache, enable_events=True))
     tokenizer, template = load_text(opts)
     if opts.executor == "sim":
         from radixkv.sim.executor import SimExecutor
-        cost = sim_cost(opts)
+        cost = cost or sim_cost(opts)
         ex = SimExecutor(cost, output_ids=[i for i in tokenizer.encode(SIM_OUTPUT.decode())])
         margs, make_sampling = cost.model_spec.model, None
     else:

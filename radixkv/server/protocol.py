@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -71,8 +71,13 @@ class SamplingFields(BaseModel):
             return "tools are not supported"
         return None
 
+    def limit(self) -> int | None:
+        """The output limit the client set, if any."""
+        return self.max_tokens
+
 
 class CompletionRequest(SamplingFields):
+    default_max_tokens: ClassVar[int] = COMPLETION_DEFAULT_MAX_TOKENS
     prompt: str | list[int] = Field(min_length=1)
 
 
@@ -96,6 +101,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    default_max_tokens: ClassVar[int] = CHAT_DEFAULT_MAX_TOKENS
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
 

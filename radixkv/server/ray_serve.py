@@ -57,10 +57,8 @@ def route_of(text, opts: ServeOptions, path: str, raw: HTTPRequest, body: bytes)
         return None
     if not ids:
         return None
-    limit = req.limit() if chat else req.max_tokens
-    budget = limit or (P.CHAT_DEFAULT_MAX_TOKENS if chat else P.COMPLETION_DEFAULT_MAX_TOKENS)
     return {"rid": uuid.uuid4().hex, "tokens": ids, "namespace": (None, salt),
-            "session": req.user, "max_new_tokens": budget}
+            "session": req.user, "max_new_tokens": req.limit() or req.default_max_tokens}
 
 
 def front_app(opts: ServeOptions, hub_name: str) -> FastAPI:

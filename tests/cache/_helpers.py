@@ -26,7 +26,7 @@ def node_snapshot(n) -> tuple:
     kids = tuple(sorted((node_snapshot(c) for c in n.children.values()), key=repr))
     return (n.key.namespace, tuple(n.key.tokens), tuple(n.value.tolist()), n.lock_ref,
             n.last_access, n.created, n.hit_count, n.priority, n.id,
-            None if n.hashes is None else tuple(n.hashes), n.retain, n.sig, n.touch, kids)
+            None if n.hashes is None else tuple(n.hashes), n.retain, n.sig, n.touch, n.depth, kids)
 
 
 def tree_snapshot(tree) -> tuple:
@@ -59,6 +59,26 @@ def all_nodes(tree) -> list:
         out.append(n)
         stack.extend(n.children.values())
     return out
+
+
+def edge_prefixes(tree, step: int):
+    """(namespace, token prefix, node, i) for every `step`-th token i of every edge: the prefix
+    runs from the root through token i + step - 1 of `node`'s edge."""
+    from radixkv.cache.radix import path_key
+    for n in all_nodes(tree):
+        if n is tree.root:
+            continue
+        path = path_key(n)
+        base = len(path) - len(n.key)
+        for i in range(0, len(n.key), step):
+            yield path.namespace, tuple(path.tokens[:base + i + step]), n, i
+
+
+def check_tree_and_pool(tree, pool, cached_tokens: int) -> None:
+    """Tree invariants, slot conservation over the tree alone, and its total size."""
+    tree.check_invariants()
+    pool.check_conservation(tree.held_slots())
+    assert tree.total_size() == cached_tokens
 
 
 def slots_of(*arrays) -> list[int]:

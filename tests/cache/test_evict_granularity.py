@@ -19,7 +19,7 @@ from radixkv.cache.radix import RadixCache
 from radixkv.commands.flags import CACHE_FLAGS, cache_config
 from radixkv.config import CacheConfig
 
-from tests.cache._helpers import FakeClock, depth_len, key, toks
+from tests.cache._helpers import FakeClock, check_tree_and_pool, depth_len, key, toks
 
 
 def _tree(ps=1, **kw):
@@ -339,9 +339,7 @@ class PageLRUMachine(RuleBasedStateMachine):
         if self.tree is None:
             return
         tree, ps = self.tree, self.ps
-        tree.check_invariants()
-        self.pool.check_conservation(tree.held_slots())
-        assert tree.total_size() == ps * len(self.ref)
+        check_tree_and_pool(tree, self.pool, ps * len(self.ref))
         assert tree.protected_size() == ps * len(self._locked())
         for ns, tokens in self.history:                     # pure reads: nothing is touched
             m = tree.match_prefix(RadixKey(list(tokens), *ns), split=False)

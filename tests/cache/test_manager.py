@@ -17,7 +17,7 @@ from radixkv.cache.nocache import NoCache
 from radixkv.cache.pool import OutOfSlotsError, SlotPool
 from radixkv.cache.radix import RadixCache, path_key
 
-from tests.cache._helpers import FakeClock, all_nodes, key, shape, toks, tree_snapshot
+from tests.cache._helpers import FakeClock, all_nodes, edge_prefixes, key, shape, toks, tree_snapshot
 
 
 # ---- helpers -----------------------------------------------------------------------------
@@ -41,15 +41,7 @@ def req_state(r: CacheReq) -> tuple:
 
 def content(tree: RadixCache) -> dict:
     """{(namespace, token prefix): slot of its last token}: what is cached, whatever the shape."""
-    out = {}
-    for n in all_nodes(tree):
-        if n is tree.root:
-            continue
-        path = path_key(n)
-        base = len(path) - len(n.key)
-        for i in range(len(n.key)):
-            out[(path.namespace, tuple(path.tokens[:base + i + 1]))] = int(n.value[i])
-    return out
+    return {(ns, prefix): int(n.value[i]) for ns, prefix, n, i in edge_prefixes(tree, 1)}
 
 
 def lock_refs(tree: RadixCache) -> dict:
@@ -86,6 +78,17 @@ def _tight_radix():
     return mgr, tree, h
 
 
+def assert_refusal_untouched(mgr, tree, h, r, calls, before, r_before):
+    """A refusal on `_tight_radix` decided on one pure read: tree (no split, hit counts, access
+    times, heap), request, pool and holders as they were."""
+    assert calls == [False]
+    assert tree_snapshot(tree) == before
+    assert req_state(r) == r_before
+    assert mgr.pool.available() == 2 and mgr.evicted_tokens == 0
+    assert mgr.holders() == [h]
+    mgr.check()
+
+
 @pytest.mark.parametrize("upto, reserve", [(16, 0), (8, 7)])
 def test_admit_refused_on_pure_read_touches_nothing(upto, reserve):
     mgr, tree, h = _tight_radix()
@@ -94,12 +97,7 @@ def test_admit_refused_on_pure_read_touches_nothing(upto, reserve):
     before, r_before = tree_snapshot(tree), req_state(r)
     # 4 tokens hit: upto - 4 + reserve = 12 or 11 > budget 10, decided without splitting
     assert mgr.admit(r, r.key[:5], upto, reserve) is None
-    assert calls == [False]
-    assert tree_snapshot(tree) == before                  # hit counts, access times, heap too
-    assert req_state(r) == r_before
-    assert mgr.pool.available() == 2 and mgr.evicted_tokens == 0
-    assert mgr.holders() == [h]
-    mgr.check()
+    assert_refusal_untouched(mgr, tree, h, r, calls, before, r_before)
 
 
 @pytest.mark.parametrize("upto, reserve", [(14, 0), (10, 1)])
@@ -116,12 +114,7 @@ def test_regression_refusal_that_only_locking_decides_touches_nothing(upto, rese
     assert tree.lock_cost(r.key[:5], peek.last_node, peek.prefix_len) == 4
     calls.clear()
     assert mgr.admit(r, r.key[:5], upto, reserve) is None
-    assert calls == [False]
-    assert tree_snapshot(tree) == before                  # no split, hit counts, access times
-    assert req_state(r) == r_before
-    assert mgr.pool.available() == 2 and mgr.evicted_tokens == 0
-    assert mgr.holders() == [h]
-    mgr.check()
+    assert_refusal_untouched(mgr, tree, h, r, calls, before, r_before)
 
 
 def test_admit_evicts_exactly_what_is_short():

@@ -31,7 +31,7 @@ from radixkv.cache.nocache import NoCache
 from radixkv.cache.pool import OutOfSlotsError, SlotPool, round_up
 from radixkv.cache.radix import RadixCache, path_key
 
-from tests.cache._helpers import FakeClock, all_nodes, depth_len, tree_snapshot
+from tests.cache._helpers import FakeClock, all_nodes, depth_len, edge_prefixes, tree_snapshot
 
 NAMESPACES = [(None, None), ("lora", None)]
 MAX_PROMPT = 16
@@ -237,14 +237,19 @@ class ManagerMachine(RuleBasedStateMachine):
             got.extend(r.slots[len(b):].tolist())
         assert len(set(got)) == need
 
-    @precondition(lambda self: self.mgr is not None and self.live)
-    @rule(idx=st.integers(0, 100), n=st.integers(0, 6), more=st.lists(st.integers(0, 2), max_size=6))
-    def compute_and_share(self, idx, n, more):
+    def _computed(self, idx, n, more):
+        """A tick, then a live request picked and extended: (live entry, request, its
+        cached_len and a copy of its slots as they are now)."""
         self.clock.t += 1
         lv = self._pick(idx)
         self._extend(lv, n, more)
         r = lv.req
-        C, slots = r.cached_len, r.slots.copy()
+        return lv, r, r.cached_len, r.slots.copy()
+
+    @precondition(lambda self: self.mgr is not None and self.live)
+    @rule(idx=st.integers(0, 100), n=st.integers(0, 6), more=st.lists(st.integers(0, 2), max_size=6))
+    def compute_and_share(self, idx, n, more):
+        lv, r, C, slots = self._computed(idx, n, more)
         old_node = r.last_node
         A, P, new = self._expect_share(lv)
         freed = self.mgr.cache_req(r, finished=False)
@@ -267,11 +272,7 @@ class ManagerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.mgr is not None and self.live)
     @rule(idx=st.integers(0, 100), n=st.integers(0, 6), more=st.lists(st.integers(0, 2), max_size=6))
     def finish(self, idx, n, more):
-        self.clock.t += 1
-        lv = self._pick(idx)
-        self._extend(lv, n, more)
-        r = lv.req
-        C, slots = r.cached_len, r.slots.copy()
+        lv, r, C, slots = self._computed(idx, n, more)
         A, P, new = self._expect_share(lv)
         avail = self.pool.available()
         freed = self.mgr.cache_req(r, finished=True)
@@ -289,11 +290,7 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(idx=st.integers(0, 100), insert=st.booleans(), n=st.integers(0, 6),
           more=st.lists(st.integers(0, 2), max_size=6))
     def release(self, idx, insert, n, more):
-        self.clock.t += 1
-        lv = self._pick(idx)
-        self._extend(lv, n, more)
-        r = lv.req
-        C, slots = r.cached_len, r.slots.copy()
+        lv, r, C, slots = self._computed(idx, n, more)
         avail = self.pool.available()
         if insert and self.cache.shares_prefixes:
             A, P, new = self._expect_share(lv)
@@ -338,14 +335,8 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _check_tree(self, holders):
         tree, ps = self.cache, self.ps
-        content = {}
-        for n in all_nodes(tree):
-            if n is tree.root:
-                continue
-            path = path_key(n)
-            base = len(path) - len(n.key)
-            for i in range(0, len(n.key), ps):
-                content[(path.namespace, tuple(path.tokens[:base + i + ps]))] = [tuple(n.value[i:i + ps].tolist())]
+        content = {(ns, prefix): [tuple(n.value[i:i + ps].tolist())]
+                   for ns, prefix, n, i in edge_prefixes(tree, ps)}
         assert content == self.ref
         own: dict[int, int] = {}
         for r in holders:

@@ -17,7 +17,7 @@ from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
 
-from tests.cache._helpers import FakeClock, all_nodes, depth_len, tree_snapshot
+from tests.cache._helpers import FakeClock, all_nodes, check_tree_and_pool, depth_len, tree_snapshot
 
 NAMESPACES = [(None, None), ("lora", "salt")]
 POLICIES = ["lru", "mru", "fifo", "filo", "lfu", "slru", "priority", "cost", "retention", "reuse"]
@@ -173,9 +173,7 @@ class RadixMachine(RuleBasedStateMachine):
         if self.tree is None:
             return
         tree, ps = self.tree, self.ps
-        tree.check_invariants()
-        self.pool.check_conservation(tree.held_slots())
-        assert tree.total_size() == ps * len(self.ref)
+        check_tree_and_pool(tree, self.pool, ps * len(self.ref))
         locked = self._locked_prefixes()
         assert locked <= set(self.ref)
         assert tree.protected_size() == ps * len(locked)
