@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from radixkv.config import CacheConfig, EngineConfig  # noqa: E402
 from radixkv.router.cluster import ClusterConfig, run_cluster  # noqa: E402
 from radixkv.sim.costmodel import CostModel  # noqa: E402
-from radixkv.simulate import run_config  # noqa: E402
+from radixkv.offline.simulate import run_config  # noqa: E402
 from radixkv.workloads import load_workload, make_workload  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/synthetic_trace.jsonl"

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from radixkv.config import CacheConfig
-from radixkv.replay import ReplayStats, replay
+from radixkv.offline.replay import ReplayStats, replay
 from radixkv.workloads import load_workload, make_workload
 
 MOONCAKE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/synthetic_trace.jsonl"

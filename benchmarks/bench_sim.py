@@ -26,10 +26,10 @@ from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
 from radixkv.sim.costmodel import CostModel
-from radixkv.replay import replay
+from radixkv.offline.replay import replay
 from radixkv.sched.request import Request
 from radixkv.sched.scheduler import Scheduler
-from radixkv.simulate import run_config
+from radixkv.offline.simulate import run_config
 from radixkv.workloads import make_workload, read_mooncake
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/synthetic_trace.jsonl"

@@ -17,7 +17,7 @@ import numpy as np
 
 from radixkv.config import CacheConfig
 from radixkv.planning.onepass import lru_hit_curve
-from radixkv.replay import replay
+from radixkv.offline.replay import replay
 from radixkv.workloads import load_workload, make_workload
 
 MOONCAKE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/synthetic_trace.jsonl"

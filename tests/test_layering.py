@@ -1,25 +1,30 @@
-"""Layering: each layer imports only from the layers below it.
+"""The house: every module in a room named for what it holds, each room importing only the rooms
+below it, no import circle, no module past ~450 lines.
 
-    cache/      nothing above it (no sched, engine, model, sim, server, router, workloads,
-                commands, cli, config, ...), and never torch: it runs on any CPU
-    sched/      nothing from engine, model, sim, server, router, commands, cli
-    engine/     the loop, the executor protocol and metrics: never model/ or sim/ (it does not
-                know which executor runs)
-    model/      the real model and its executor: never sim/
-    sim/        the simulated GPU: never model/, and never torch (the named model shapes both
-                use live in shapes.py, a leaf)
-    workloads/  nothing from sched, engine, model or sim
-    events      the KV-event wire format and index: the cache's events only
-    server/     the HTTP server: anything below it, never the commands or the cli
-    router/     routing policies and the cluster simulator: the engine and the simulated GPU, never
-                torch, the server, the commands or the cli
-    calibration, fidelity: the real executor timed and compared with the simulator; never the
-                server, the routers or the commands
-    ray_router  the Ray Serve RequestRouter: the routers inside a server deployment, never the
-                commands or the cli
-    bench_serve, bench_stats, serve_process: the HTTP load client, which speaks to any
-                OpenAI-compatible server: never the engine or the server's code
-    shapes, validate, registry: leaves (validate and registry are used by every layer)
+The package root keeps the entry point and the leaves every layer uses (ROOT_MODULES); every
+other module lives in a room (a subpackage whose `__init__` docstring says what it holds).
+ROOMS names every room and root module and what it may import (other rooms and root modules;
+the package itself, which holds only `__version__`, is open to all). Read bottom-up:
+
+    validate, env       leaves: the validation rules, the environment
+    registry, shapes    name -> object registries; the named model shapes
+    cache/              prefix caches, slot pool, eviction orders, the request lifecycle; no torch
+    sched/              requests, queue orders, admission, the scheduler; never the engine
+    config              the engine's configuration, composing the cache's and the scheduler's
+    workloads/          generators and trace readers
+    engine/             the loop and the executor protocol: never model/ or sim/
+    model/, sim/        the real model (torch) and the simulated GPU (no torch), never each other
+    kvevents/           KV events in vLLM's format: wire, publisher, subscriber index
+    offline/            replay and simulation of a workload without a server
+    router/             routing policies and the cluster simulator: never torch or the server
+    planning/           capacity curves
+    calibration/        the real executor timed and compared with the simulator
+    plots/              pictures
+    server/             the HTTP server; never a router, the commands or the cli
+    rayserve/           the server's replicas on Ray Serve, the routers as its RequestRouter
+    bench/              the HTTP load client and experiments on running servers: speaks HTTP,
+                        never the engine or the server's code
+    commands/, cli      the command line, over everything
 
 Every import statement counts, including lazy ones inside functions and TYPE_CHECKING blocks.
 """
@@ -35,32 +40,45 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "radixkv"
 
-_TOP = {"server", "router", "commands", "cli", "simulate", "replay", "plot", "__main__"}
-FORBIDDEN = {
-    "cache": {"sched", "engine", "model", "sim", "workloads", "config"} | _TOP,
-    "sched": {"engine", "model", "sim"} | _TOP,
-    "engine": {"model", "sim"} | _TOP,
-    "model": {"sim"} | _TOP,
-    "sim": {"model"} | _TOP,
-    "workloads": {"sched", "engine", "model", "sim"} | _TOP,
-    "events": {"sched", "engine", "model", "sim", "workloads", "config"} | _TOP,
-    "server": {"commands", "cli", "router", "__main__", "plot", "simulate", "replay"},
-    "router": {"model", "server", "commands", "cli", "__main__", "ray_router"},
-    **{tool: {"server", "router", "commands", "cli", "__main__"}
-       for tool in ("calibration", "fidelity")},
-    "ray_router": {"commands", "cli", "__main__", "plot", "simulate", "replay"},
-    **{client: {"cache", "sched", "engine", "model", "sim", "server", "router", "commands",
-                "cli", "__main__"} for client in ("bench_serve", "bench_stats", "serve_process")},
-    "shapes": {"cache", "sched", "engine", "model", "sim", "workloads", "config"} | _TOP,
-    "validate": {"cache", "sched", "engine", "model", "sim", "workloads", "config", "shapes",
-                 "registry"} | _TOP,
-    "registry": {"cache", "sched", "engine", "model", "sim", "workloads", "config", "shapes"} | _TOP,
+ROOT_MODULES = {"cli", "config", "validate", "registry", "env", "shapes"}
+_CORE = {"validate", "registry"}
+ROOMS: dict[str, set[str]] = {
+    "validate": set(),
+    "env": set(),
+    "registry": {"validate"},
+    "shapes": {"validate"},
+    "cache": _CORE,
+    "sched": {"cache"} | _CORE,
+    "config": {"cache", "sched"} | _CORE,
+    "workloads": _CORE,
+    "engine": {"cache", "sched", "config", "workloads"} | _CORE,
+    "model": {"engine", "sched", "cache", "config", "shapes", "env"} | _CORE,
+    "sim": {"engine", "sched", "cache", "config", "shapes"} | _CORE,
+    "kvevents": {"cache"} | _CORE,
+    "offline": {"engine", "sched", "cache", "config", "sim", "workloads"} | _CORE,
+    "router": {"engine", "sched", "cache", "config", "sim", "kvevents", "offline",
+               "workloads"} | _CORE,
+    "planning": {"offline", "engine", "sched", "cache", "config", "sim", "workloads"} | _CORE,
+    "calibration": {"model", "sim", "engine", "sched", "cache", "config", "workloads",
+                    "shapes"} | _CORE,
+    "plots": {"engine", "planning", "router"} | _CORE,
+    "server": {"engine", "sched", "cache", "config", "model", "sim", "kvevents", "workloads",
+               "shapes", "env"} | _CORE,
+    "rayserve": {"server", "router", "kvevents", "engine", "sched", "cache", "config", "sim",
+                 "shapes"} | _CORE,
+    "bench": {"workloads", "shapes"} | _CORE,
+    "commands": {"bench", "cache", "calibration", "config", "engine", "kvevents", "model",
+                 "offline", "planning", "plots", "rayserve", "router", "sched", "server",
+                 "shapes", "sim", "workloads", "env"} | _CORE,
+    "cli": {"commands"},
 }
-NO_TORCH = {"cache", "sim", "events", "router"}
+# torch only where the real model runs (env imports it lazily to tell whether CUDA is there)
+TORCH = {"model", "calibration", "env"}
+MAX_LINES = 450
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -87,28 +105,159 @@ def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, st
     return out
 
 
-def layer_files(layer: str) -> list[Path]:
-    files = sorted((PKG / layer).rglob("*.py")) if (PKG / layer).is_dir() else [PKG / f"{layer}.py"]
-    assert files, f"no modules under radixkv/{layer}"
-    return files
+def modules(pkg: Path) -> dict[str, Path]:
+    """Every module of the package at `pkg`, by its dotted name."""
+    return {module_name(p, pkg.parent): p for p in sorted(pkg.rglob("*.py"))}
 
 
-def violations(layer: str) -> list[str]:
+def unit_of(module: str) -> str:
+    """The room or root module a module belongs to ("" for the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def loose_modules(pkg: Path) -> set[str]:
+    """Modules at the package root, beside __init__ and __main__."""
+    return {p.stem for p in pkg.glob("*.py")} - {"__init__", "__main__"}
+
+
+def rooms_on_disk(pkg: Path) -> set[str]:
+    return {d.name for d in pkg.iterdir() if d.is_dir() and any(d.rglob("*.py"))}
+
+
+def import_graph(pkg: Path) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (any import statement, anywhere)."""
+    mods = modules(pkg)
+    return {m: {t for _, t in imports_of(p.read_text(), m, p.name == "__init__.py")
+                if t in mods and t != m}
+            for m, p in mods.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan, iterative), each
+    sorted; a node importing itself counts too."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1 or v in graph.get(v, ()):
+                    out.append(sorted(comp))
+    return out
+
+
+def violations(unit: str) -> list[str]:
     bad = []
-    for path in layer_files(layer):
-        mod = module_name(path)
+    for mod, path in modules(PKG).items():
+        if unit_of(mod) != unit:
+            continue
         for line, target in imports_of(path.read_text(), mod, path.name == "__init__.py"):
             parts = target.split(".")
-            if parts[0] == "radixkv" and len(parts) > 1 and parts[1] in FORBIDDEN[layer]:
-                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
-            if layer in NO_TORCH and parts[0] == "torch":
-                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+            where = f"{path.relative_to(ROOT)}:{line}"
+            if parts[0] == "radixkv" and len(parts) > 1 and parts[1] != unit \
+                    and parts[1] not in ROOMS[unit] and parts[1] != "__version__":
+                bad.append(f"{where} imports {target}")
+            if unit not in TORCH and parts[0] == "torch":
+                bad.append(f"{where} imports {target}")
     return bad
 
 
-@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
-def test_layer_imports_nothing_above_it(layer):
-    assert violations(layer) == []
+# ---- the house ----------------------------------------------------------------------------
+def test_root_holds_only_the_leaves():
+    assert len(ROOT_MODULES) <= 6
+    loose = loose_modules(PKG)
+    assert sorted(loose - ROOT_MODULES) == [], "modules outside any room"
+    assert sorted(ROOT_MODULES - loose) == [], "root modules listed but missing"
+
+
+def test_every_room_is_named_and_says_what_it_holds():
+    rooms = rooms_on_disk(PKG)
+    assert rooms == set(ROOMS) - ROOT_MODULES
+    for room in sorted(rooms):
+        init = PKG / room / "__init__.py"
+        assert init.is_file(), f"radixkv/{room} has no __init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc.split()) >= 8, f"radixkv/{room}/__init__.py says not what it holds"
+
+
+@pytest.mark.parametrize("unit", sorted(ROOMS))
+def test_room_imports_only_the_rooms_below_it(unit):
+    assert violations(unit) == []
+
+
+def test_rooms_form_no_circle():
+    assert all(deps <= set(ROOMS) for deps in ROOMS.values())
+    assert circles(ROOMS) == []
+
+
+def test_no_import_circle():
+    assert circles(import_graph(PKG)) == []
+
+
+def test_no_module_past_the_limit():
+    long = {str(p.relative_to(ROOT)): n for p in PKG.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+# ---- the checks see what they must --------------------------------------------------------
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    pkg = tmp_path / "radixkv"
+    for name, text in {"__init__.py": "", **files}.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    return pkg
+
+
+def test_a_planted_circle_is_found(tmp_path):
+    pkg = _package(tmp_path, {
+        "cache/__init__.py": '"""c"""\n',
+        "cache/a.py": "from radixkv.cache import b\n",
+        "cache/b.py": "def f():\n    from radixkv.cache.c import x\n",
+        "cache/c.py": "from . import a\n",
+        "cache/d.py": "import radixkv.cache.a\n",
+        "sched/__init__.py": "from radixkv.cache import d\n"})
+    assert circles(import_graph(pkg)) == [["radixkv.cache.a", "radixkv.cache.b",
+                                           "radixkv.cache.c"]]
+    assert circles({"x": {"y"}, "y": {"z"}, "z": set()}) == []
+    assert circles({"x": {"x"}}) == [["x"]]
+
+
+def test_a_planted_loose_module_is_found(tmp_path):
+    pkg = _package(tmp_path, {"__main__.py": "", "cli.py": "", "helpers.py": "",
+                              "cache/__init__.py": "", "cache/radix.py": ""})
+    assert loose_modules(pkg) == {"cli", "helpers"}
+    assert rooms_on_disk(pkg) == {"cache"}
 
 
 def test_import_resolver_sees_every_form():
@@ -131,7 +280,7 @@ def test_cache_and_scheduler_import_without_torch():
             "import radixkv.cache, radixkv.sched.scheduler\n"
             "import radixkv.cache.radix, radixkv.cache.blockhash, radixkv.cache.nocache\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n"
-            "import radixkv.engine.engine, radixkv.sim.executor, radixkv.simulate\n"
+            "import radixkv.engine.engine, radixkv.sim.executor, radixkv.offline.simulate\n"
             "assert 'torch' not in sys.modules, 'the simulator imported torch'\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable, NamedTuple
+from typing import Any, Callable, Hashable, Iterable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -61,6 +61,17 @@ class CacheReq:
 def as_key(key) -> RadixKey:
     """Accept a RadixKey, or a plain sequence of token ids (default namespace)."""
     return key if isinstance(key, RadixKey) else RadixKey(key)
+
+
+class HostStore(Protocol):
+    """What a device cache asks of the host-memory tier below it (cache/host_tier.py): the tree
+    hands every range it evicts to `demote` before the slots go back, and resets, reports and
+    checks the tier with itself. The tier builds on the tree, never the other way round."""
+
+    def demote(self, key: RadixKey, device_slots: np.ndarray) -> int: ...
+    def reset(self) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+    def check_invariants(self) -> None: ...
 
 
 class PrefixCache(ABC):
@@ -228,7 +239,7 @@ class PrefixCache(ABC):
         pure read (`node`, `prefix_len`): what a guard must keep for that request."""
         return []
 
-    def host_tier(self) -> Any:
+    def host_tier(self) -> HostStore | None:
         """The host-memory tier below this cache (cache/host_tier.py), or None."""
         return None
 

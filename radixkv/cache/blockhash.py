@@ -34,88 +34,22 @@ A handle is a `Chain` of block ids and registration serials; `Block`s are made w
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from typing import Iterable
 
 import numpy as np
 
 from radixkv.cache.base import InsertResult, MatchResult, PrefixCache, as_key
+from radixkv.cache.blockhash_handles import TOKEN as _TOKEN
+from radixkv.cache.blockhash_handles import Block, BlockViews, Chain
 from radixkv.cache.events import KVEvent, chain_hash, check_hash_algo
+from radixkv.cache.free_queue import FreeQueue
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS
 
-_TOKEN = RadixKey().numpy().dtype       # what key.numpy() holds: rows of it are block contents
 _versions = itertools.count(1)          # match stamps, unique across caches and resets
 
 
-class Block:
-    """One registration of a block id, as handles and reports show it (state is read from the
-    cache). While the block stays cached, reading it again gives this same object."""
-    __slots__ = ("cache", "id", "serial")
-
-    def __init__(self, cache: BlockHashCache, block_id: int, serial: int):
-        self.cache, self.id, self.serial = cache, block_id, serial
-
-    def cached(self) -> bool:
-        return self.id < len(self.cache._serial) and int(self.cache._serial[self.id]) == self.serial
-
-    @property
-    def ref_cnt(self) -> int:
-        return int(self.cache._ref[self.id]) if self.cached() else 0
-
-    @property
-    def hash(self) -> int:
-        return self.cache._hash_of(self._node())
-
-    @property
-    def parent_hash(self) -> int | None:
-        return self.cache._hash_of(self.cache._parent[self._node()])
-
-    def _node(self) -> int:
-        if not self.cached():
-            raise ValueError(f"{self!r} is no longer cached")
-        return int(self.cache._node[self.id])
-
-    def __repr__(self) -> str:
-        return f"Block(id={self.id}, ref={self.ref_cnt})"
-
-
-class Chain(Sequence):
-    """A handle: the blocks of a match or an insert as two int64 arrays, ids and registration
-    serials (a block evicted since, or its id cached again, no longer matches), read as a tuple
-    of Blocks. `drops`: the cache's drop count when the chain was last known all cached."""
-    __slots__ = ("cache", "ids", "serials", "drops")
-
-    def __init__(self, cache: BlockHashCache, ids: np.ndarray, serials: np.ndarray, drops: int):
-        self.cache, self.ids, self.serials, self.drops = cache, ids, serials, drops
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return Chain(self.cache, self.ids[i], self.serials[i], self.drops)
-        return self.cache._block(int(self.ids[i]), int(self.serials[i]))
-
-    def __iter__(self):
-        return map(self.cache._block, self.ids.tolist(), self.serials.tolist())
-
-    def __eq__(self, other) -> bool:
-        if isinstance(other, (Chain, tuple)):
-            return len(self) == len(other) and all(a is b for a, b in zip(self, other))
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((id(self.cache), self.ids.tobytes(), self.serials.tobytes()))
-
-    def __add__(self, other):
-        return tuple(self) + tuple(other) if isinstance(other, (Chain, tuple)) else NotImplemented
-
-    def __repr__(self) -> str:
-        return f"Chain({self.ids.tolist()})"
-
-
-class BlockHashCache(PrefixCache):
+class BlockHashCache(BlockViews, PrefixCache):
     name = "blockhash"
 
     def __init__(self, block_size: int = 16, hash_algo: str = "sha256", enable_events: bool = False):
@@ -128,15 +62,16 @@ class BlockHashCache(PrefixCache):
         self._node = np.full(1024, -1, np.int64)      # its content node; -1: not cached
         self._serial = np.zeros(1024, np.int64)       # its registration; 0: not cached
         self._ref = np.zeros(1024, np.int32)          # reference count
-        self._qpos = np.full(1024, -1, np.int64)      # its free-queue entry; -1: not queued
+        self._queue = FreeQueue(1024)                  # its free-queue entry (cache/free_queue.py)
         self._serials = itertools.count(1)            # never reset: old handles stay stale
         self._drops = 0                               # bumped whenever blocks leave
         self.reset()
         self._events.clear()                          # "cleared" is for an explicit reset() only
 
     def reset(self) -> None:
-        for a, v in ((self._node, -1), (self._serial, 0), (self._ref, 0), (self._qpos, -1)):
+        for a, v in ((self._node, -1), (self._serial, 0), (self._ref, 0)):
             a.fill(v)
+        self._queue.reset()
         # per content node (ids of dropped nodes are reused)
         self._parent: list[int] = []          # parent node; -1 for a root
         self._page: list = []                 # block's token ids as bytes; root: its namespace
@@ -147,63 +82,12 @@ class BlockHashCache(PrefixCache):
         self._free_nodes: list[int] = []          # dropped ids (their page is None)
         self._roots: dict[tuple, int] = {}        # namespace -> root node
         self._views: dict[int, Block] = {}        # block id -> its Block, once one was read
-        # The free queue: block ids in the order they reached ref 0, head first. An entry is
-        # live while _qpos of its block points at it: locking a block just stales its entry.
-        self._qlog = np.zeros(1024, np.int64)
-        self._qhead = self._qtail = self._nfree = 0         # live entries lie in [head, tail)
         self._nblocks = self.duplicate_blocks = self.peak_blocks = 0
         self._walked: tuple = (RadixKey(), [], [], -1)      # last walk: key, pages, path, drops
         self._version = next(_versions)                     # changes whenever a match could
         self._drops += 1
         if self.enable_events:
             self._events.append(KVEvent("cleared"))
-
-    # ---- blocks and hashes as reports and tests see them ------------------------------------
-    def _block(self, bid: int, serial: int) -> Block:
-        b = self._views.get(bid)
-        if b is None or b.serial != serial:
-            b = Block(self, bid, serial)
-            if b.cached():
-                self._views[bid] = b
-        return b
-
-    @property
-    def blocks(self) -> dict[int, Block]:
-        """block id -> Block, oldest first (built on demand)."""
-        ids = np.flatnonzero(self._serial)
-        ids = ids[np.argsort(self._serial[ids])]
-        return {b: self._block(b, s) for b, s in zip(ids.tolist(), self._serial[ids].tolist())}
-
-    @property
-    def by_hash(self) -> dict[int, dict[int, Block]]:
-        """hash -> {block id: block}, oldest first (built on demand; lookups use the trie)."""
-        out: dict[int, dict[int, Block]] = {}
-        for bid, b in self.blocks.items():
-            out.setdefault(b.hash, {})[bid] = b
-        return out
-
-    def block_hashes(self, key: RadixKey) -> list[int]:
-        """Chained hashes of the full blocks of `key`."""
-        key, bs, out, parent = as_key(key), self.block_size, [], None
-        for i in range(len(key) // bs):
-            ns = key.namespace if i == 0 else (key.namespace[0], None)   # salt: first block
-            parent = chain_hash(parent, ns, key.page(i, bs), self.hash_algo)
-            out.append(parent)
-        return out
-
-    def _hash_of(self, n: int) -> int | None:
-        """Chained hash of node n (None for a root), computing missing ones on its path."""
-        path = []
-        while n >= 0:
-            path.append(n)
-            n = self._parent[n]
-        ns, h = self._page[path.pop()], None                  # the root holds the namespace
-        for i, m in enumerate(reversed(path)):
-            if m not in self._hash:
-                page = RadixKey(np.frombuffer(self._page[m], _TOKEN)).page(0, self.block_size)
-                self._hash[m] = chain_hash(h, ns if i == 0 else (ns[0], None), page, self.hash_algo)
-            h = self._hash[m]
-        return h
 
     # ---- lookup ---------------------------------------------------------------------------
     def _walk(self, key: RadixKey) -> tuple[list[bytes], list[int]]:
@@ -314,7 +198,7 @@ class BlockHashCache(PrefixCache):
             self._serial[added] = np.fromiter(self._serials, np.int64, len(added))
             if self.enable_events:
                 self._store_events(key, new.tolist(), path)
-            self._enqueue(added[::-1])
+            self._queue.push(added[::-1])
             self._nblocks += len(added)
             self._version = next(_versions)
             self.peak_blocks = max(self.peak_blocks, self._nblocks)
@@ -363,42 +247,16 @@ class BlockHashCache(PrefixCache):
         n = len(self._ref)
         if max_id >= n:
             extra = max(n, max_id + 1 - n)
-            self._node, self._serial, self._ref, self._qpos = (
+            self._node, self._serial, self._ref = (
                 np.concatenate([a, np.full(extra, v, a.dtype)]) for a, v in
-                ((self._node, -1), (self._serial, 0), (self._ref, 0), (self._qpos, -1)))
+                ((self._node, -1), (self._serial, 0), (self._ref, 0)))
+            self._queue.grow(n + extra)
 
-    # ---- the free queue and eviction ----------------------------------------------------------
-    def _enqueue(self, ids: np.ndarray) -> None:
-        """Append blocks (cached, none queued) to the tail, in order."""
-        k, t = len(ids), self._qtail
-        if t + k > len(self._qlog):                           # compact; grow when half full
-            live = self._queue_ids()
-            self._qlog = np.zeros(max(len(self._qlog), 2 * (len(live) + k)), np.int64)
-            self._qlog[:len(live)] = live
-            self._qpos[live] = np.arange(len(live))
-            self._qhead, t = 0, len(live)
-        self._qlog[t:t + k] = ids
-        self._qpos[ids] = np.arange(t, t + k)
-        self._qtail, self._nfree = t + k, self._nfree + k
-
-    def _queue_ids(self) -> np.ndarray:
-        h, t = self._qhead, self._qtail
-        return self._qlog[h:t][self._qpos[self._qlog[h:t]] == np.arange(h, t)]
-
+    # ---- eviction: the free queue's head ------------------------------------------------------
     def _evict(self, num_tokens: int) -> np.ndarray:
-        need, out = -(-num_tokens // self.block_size), []
-        while need and self._nfree:                           # pop the head's live entries
-            h = self._qhead
-            seg = self._qlog[h:min(self._qtail, h + max(2 * need, 256))]
-            live = np.flatnonzero(self._qpos[seg] == np.arange(h, h + len(seg)))[:need]
-            self._qhead = h + (int(live[-1]) + 1 if len(live) == need else len(seg))
-            out.append(seg[live])
-            self._qpos[out[-1]] = -1
-            self._nfree -= len(live)
-            need -= len(live)
-        if not out:
+        victims = self._queue.pop(-(-num_tokens // self.block_size))
+        if not len(victims):
             return EMPTY_SLOTS
-        victims = np.concatenate(out)
         for bid, n in zip(victims.tolist(), self._node[victims].tolist()):
             more = self._dups.get(n)
             if self._first[n] == bid:
@@ -442,8 +300,7 @@ class BlockHashCache(PrefixCache):
         for ids in self._runs(chain):
             ref = self._ref[ids]
             leaving = ids[ref == 0]                           # their queue entries go stale
-            self._qpos[leaving] = -1
-            self._nfree -= len(leaving)
+            self._queue.remove(leaving)
             self._ref[ids] = ref + 1
 
     def _check_locked(self, chain) -> None:
@@ -459,7 +316,7 @@ class BlockHashCache(PrefixCache):
         for ids in reversed(self._runs(chain)):
             rev = ids[::-1]                                   # last block reaches the tail first
             self._ref[rev] -= 1
-            self._enqueue(rev[self._ref[rev] == 0])
+            self._queue.push(rev[self._ref[rev] == 0])
 
     def _check_handle(self, chain) -> None:
         if chain is None:
@@ -484,10 +341,10 @@ class BlockHashCache(PrefixCache):
 
     # ---- sizes and stats ------------------------------------------------------------------
     def evictable_size(self) -> int:
-        return self._nfree * self.block_size
+        return self._queue.n * self.block_size
 
     def protected_size(self) -> int:
-        return (self._nblocks - self._nfree) * self.block_size
+        return (self._nblocks - self._queue.n) * self.block_size
 
     def num_blocks(self) -> int:
         return self._nblocks
@@ -512,7 +369,7 @@ class BlockHashCache(PrefixCache):
         return sum(1 for p in parents if self._parent[p] >= 0 and self._first[p] < 0)
 
     def free_queue_ids(self) -> list[int]:
-        return self._queue_ids().tolist()
+        return self._queue.ids().tolist()
 
     def held_slots(self) -> Iterable[np.ndarray]:
         return [self._slots(np.flatnonzero(self._node >= 0))]
@@ -561,13 +418,6 @@ class BlockHashCache(PrefixCache):
         # ref counts and the free queue: exactly the cached blocks at ref 0, each once
         assert (self._ref >= 0).all(), f"negative ref count at block {int(np.argmin(self._ref))}"
         off = self._node < 0
-        assert not self._ref[off].any() and (self._qpos[off] == -1).all(), \
-            "an uncached block id has a ref count or a queue entry"
-        q = cached[self._qpos[cached] != -1]
-        pos = self._qpos[q]
-        assert ((pos >= self._qhead) & (pos < self._qtail)).all() and (self._qlog[pos] == q).all(), \
-            "a queue position points at no entry of its block"
-        assert q.tolist() == cached[self._ref[cached] == 0].tolist(), \
-            "free queue is not exactly the cached blocks with ref_cnt 0"
-        assert len(q) == self._nfree == len(self._queue_ids()), f"free count {self._nfree} is off"
+        assert not self._ref[off].any(), "an uncached block id has a ref count"
+        self._queue.check(cached, cached[self._ref[cached] == 0], off)
         assert self.peak_blocks >= self._nblocks, "peak below the current count"

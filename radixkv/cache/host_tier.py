@@ -22,6 +22,7 @@ import numpy as np
 
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import SlotPool
+from radixkv.cache.radix import RadixCache
 from radixkv.validate import choice, positive_int
 
 WRITE_POLICIES = ("write_back", "write_through")
@@ -35,7 +36,6 @@ class Copy(NamedTuple):
 
 class HostTier:
     def __init__(self, capacity: int, page_size: int = 1, write_policy: str = "write_back"):
-        from radixkv.cache.radix import RadixCache
         self.capacity = positive_int(capacity, "host_kv_tokens")
         self.write_policy = choice(write_policy, "host write policy", WRITE_POLICIES)
         self.pool = SlotPool(capacity, page_size)

@@ -3,18 +3,9 @@
 Each edge carries a run of token ids (a RadixKey slice) and their KV slots; a node boundary is
 exactly where two cached sequences stopped agreeing. The tree returns slots and never frees.
 
-Eviction candidates (unlocked leaves) live in a lazy heap keyed by the eviction policy's sort
-key: a node is (re)pushed whenever it becomes a candidate or its key changes, and stale
-entries are skipped on pop. One evict call costs O(k log n) for k evicted nodes, whatever
-the cache size (the heap is rebuilt from the live candidates once it holds more than twice
-as many entries as the tree has nodes, plus a constant).
-
-Eviction granularity: "node" (SGLang's) removes whole leaves until at least the asked tokens
-are free, so one call may free a long edge for a few tokens. "page" frees exactly the pages
-asked for: when the least-recent leaf holds more pages than are still needed, the needed pages
-are trimmed from the end of its edge and the node stays, shorter, with the same sort key.
-Under LRU the cache then holds exactly its most recent pages, deeper pages of an edge going
-before shallower ones.
+Eviction (cache/radix_evict.py) removes unlocked leaves from a lazy heap keyed by the eviction
+order, O(k log n) for k nodes: whole leaves ("node", SGLang's) or exactly the pages asked for
+("page", the configured default), trimmed from the end of the least-recent leaf.
 
 Operator controls, each off by default and kept in its own module: pinned prefixes
 (cache/pins.py: a pin is a lock with a deadline), stateful orders (cache/orders.py: `cost`,
@@ -24,75 +15,31 @@ tier (cache/host_tier.py) that receives every evicted range before its slots are
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import time
 from typing import Callable, Iterable
 
 import numpy as np
 
-from radixkv.cache.base import InsertResult, MatchResult, PrefixCache, as_key
+from radixkv.cache.base import HostStore, InsertResult, MatchResult, PrefixCache, as_key
 from radixkv.cache.events import KVEvent, chain_hash, check_hash_algo
-from radixkv.cache.host_tier import HostTier
 from radixkv.cache.key import RadixKey
 from radixkv.cache.orders import EvictionOrder
 from radixkv.cache.pins import PinTable
 from radixkv.cache.policies import make_sort_key
 from radixkv.cache.pool import EMPTY_SLOTS
+from radixkv.cache.radix_evict import LeafEviction
+from radixkv.cache.radix_node import TreeNode, node_id, node_ids
 from radixkv.validate import choice
 
 EVICT_GRANULARITIES = ("node", "page")     # what one eviction step removes: a leaf, or pages
 
-_ids = itertools.count()
-_versions = itertools.count(1)     # heap-entry versions, unique across nodes: ties never compare nodes
-
-
-class TreeNode:
-    __slots__ = ("id", "key", "value", "parent", "children", "lock_ref", "last_access",
-                 "created", "hit_count", "priority", "hashes", "hv", "cv", "retain", "sig", "touch",
-                 "depth")
-
-    def __init__(self, key: RadixKey, value: np.ndarray, parent: "TreeNode | None", now: float):
-        self.id = next(_ids)
-        self.key, self.value, self.parent = key, value, parent
-        self.children: dict = {}
-        self.lock_ref = 0
-        self.last_access = self.created = now
-        self.hit_count = self.priority = 0
-        self.hashes: list[int] | None = None      # one chained hash per page (events on)
-        self.hv = 0                               # version of this node's live heap entry
-        self.cv = 0                               # bumped whenever `children` changes
-        self.retain = 0.0                         # the retention order's decaying priority stamp
-        self.sig = self.touch = None              # the reuse order's (see cache/orders.py)
-        self.depth = 0                            # tokens on the path above this node's edge
-
-    def __len__(self) -> int:
-        return len(self.key)
-
-    def __repr__(self) -> str:
-        return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref})"
-
-
-def path_key(node: TreeNode) -> RadixKey:
-    """The whole key from the root through `node`'s edge."""
-    parts = []
-    while node.parent is not None:
-        parts.append(node.key)
-        node = node.parent
-    return RadixKey.concat(reversed(parts))
-
-
-def _node_id(n: TreeNode) -> int:
-    return n.id
-
-
-class RadixCache(PrefixCache):
+class RadixCache(LeafEviction, PrefixCache):
     name = "radix"
 
     def __init__(self, page_size: int = 1, eviction_policy: str = "lru",
                  clock: Callable[[], float] = time.monotonic, enable_events: bool = False,
                  hash_algo: str = "sha256", evict_granularity: str = "node",
-                 max_pinned_tokens: int | None = None, host_tier: HostTier | None = None,
+                 max_pinned_tokens: int | None = None, host_tier: HostStore | None = None,
                  **policy_params):
         choice(evict_granularity, "evict granularity", EVICT_GRANULARITIES)
         super().__init__(page_size)
@@ -150,28 +97,6 @@ class RadixCache(PrefixCache):
     def _child_key(self, parent: TreeNode, key: RadixKey, pos: int):
         ck = key.page(pos // self.page_size, self.page_size)
         return (key.namespace, ck) if parent is self.root else ck
-
-    def _is_candidate(self, n: TreeNode) -> bool:
-        return n.lock_ref == 0 and not n.children and n.parent is not None
-
-    def _push(self, n: TreeNode) -> tuple:
-        n.hv = next(_versions)            # a split gives a node the id of another's stale entry
-        entry = (*self.sort_key(n), n.hv, n)                        # key..., version, node
-        heapq.heappush(self._heap, entry)
-        if len(self._heap) > 2 * self._num_nodes + 1024:
-            self._rebuild_heap()
-        return entry
-
-    def _rebuild_heap(self) -> None:
-        """Every candidate, keyed afresh (keys are functions of node state: nothing moves)."""
-        self._heap = [(*self.sort_key(c), c.hv, c) for c in self._nodes() if self._is_candidate(c)]
-        heapq.heapify(self._heap)
-        self._compactions += 1
-
-    def _touch(self, n: TreeNode, now: float) -> None:
-        n.last_access = now
-        if self._is_candidate(n):
-            self._push(n)
 
     def _nodes(self) -> Iterable[TreeNode]:
         stack = [self.root]
@@ -236,7 +161,7 @@ class RadixCache(PrefixCache):
         parent = child.parent
         new = TreeNode(child.key[:k], child.value[:k], parent, child.created)
         new.depth, child.depth = child.depth, child.depth + k
-        new.id, child.id = child.id, next(_ids)   # the prefix keeps the older id (fifo ties)
+        new.id, child.id = child.id, next(node_ids)   # the prefix keeps the older id (fifo ties)
         new.lock_ref, new.last_access = child.lock_ref, child.last_access
         new.hit_count, new.priority = child.hit_count, child.priority
         new.retain, new.touch = child.retain, child.touch
@@ -289,102 +214,6 @@ class RadixCache(PrefixCache):
             pos += k
             node = child
         return InsertResult(pos, node)
-
-    # ---- evict ----------------------------------------------------------------------------
-    def _evict(self, num_tokens: int) -> np.ndarray:
-        ps = self.page_size
-        trim = self.evict_granularity == "page"
-        need = -(-num_tokens // ps) * ps if trim else num_tokens   # page: whole pages, no more
-        freed: list = []
-        held: list = []          # guarded leaves popped: (-rank, version, entry, heap epoch)
-        total = 0
-        while total < need and self._heap:        # not a local alias: _push may compact (replace) it
-            entry = heapq.heappop(self._heap)
-            n = entry[-1]
-            if entry[-2] != n.hv or not self._is_candidate(n):
-                continue                          # stale entry
-            rank = self.keep(n) if self.keep is not None else None
-            if rank is not None:
-                held.append((-rank, entry[-2], entry, self._compactions))
-                continue
-            total, _ = self._evict_entry(entry, need, total, trim, freed)
-            if n.parent is not None:              # trimmed: the same entry goes back
-                heapq.heappush(self._heap, entry)
-        if total < need and held:
-            total = self._evict_guarded([h[:3] for h in held], need, total, trim, freed)
-        for *_, entry, epoch in held:             # back unchanged (stale ones are skipped later),
-            if epoch == self._compactions:        # unless a rebuilt heap holds them already
-                heapq.heappush(self._heap, entry)
-        return np.concatenate(freed) if freed else EMPTY_SLOTS
-
-    def _evict_guarded(self, held: list, need: int, total: int, trim: bool, freed: list) -> int:
-        """Guarded leaves go last, the one whose first waiting user is furthest back in the
-        queue (highest rank) first: Belady's order over the part of the future the queue
-        shows. A parent exposed here is hit by the same request as its child, so it inherits
-        the child's rank unless it has its own (it is in the main heap already, and so is
-        every entry `_evict` holds once it is put back: nothing is pushed here)."""
-        heapq.heapify(held)
-        while total < need and held:
-            neg_rank, _, entry = heapq.heappop(held)
-            n = entry[-1]
-            if entry[-2] != n.hv or not self._is_candidate(n):
-                continue
-            total, exposed = self._evict_entry(entry, need, total, trim, freed)
-            if exposed is not None:
-                own = self.keep(exposed[-1])
-                rank = -neg_rank if own is None else min(own, -neg_rank)
-                heapq.heappush(held, (-rank, exposed[-2], exposed))
-        return total
-
-    def _evict_entry(self, entry: tuple, need: int, total: int, trim: bool, freed: list
-                     ) -> tuple[int, tuple | None]:
-        """Evict the candidate of heap entry `entry`, or (page granularity) trim it to what is
-        still needed: its first page, bookkeeping and id stay, so does its sort key, and the
-        caller decides where its entry goes. Returns the new total freed and the heap entry
-        of the parent when that became a candidate."""
-        n = entry[-1]
-        L = len(n.key)
-        if self.host is not None:                 # the whole path, before any slot is freed
-            self.host.demote(path_key(n), self._path_slots(n))
-        if trim and L > need - total:
-            self._trim(n, L - (need - total), freed)
-            return need, None
-        if self._order is not None:
-            self._order.evicted(n, entry[:-2])
-        parent = n.parent
-        del parent.children[self._child_key(parent, n.key, 0)]
-        n.parent = None
-        parent.cv += 1
-        self._num_nodes -= 1
-        self._evictable -= L
-        freed.append(n.value)
-        if self.enable_events:
-            self._events.extend(KVEvent("removed", h, namespace=n.key.namespace) for h in n.hashes)
-        exposed = self._push(parent) if self._is_candidate(parent) else None
-        return total + L, exposed                 # a dead branch cascades within this call
-
-    def _path_slots(self, n: TreeNode) -> np.ndarray:
-        parts = []
-        while n.parent is not None:
-            parts.append(n.value)
-            n = n.parent
-        return np.concatenate(parts[::-1])
-
-    def _trim(self, n: TreeNode, keep: int, freed: list) -> None:
-        """Drop the pages of leaf `n`'s edge after its first `keep` tokens (a page multiple)."""
-        ps = self.page_size
-        freed.append(n.value[keep:])
-        self._evictable -= len(n.key) - keep
-        n.key, n.value = n.key[:keep], n.value[:keep]
-        if n.hashes is not None:
-            if self.enable_events:
-                self._events.extend(KVEvent("removed", h, namespace=n.key.namespace)
-                                    for h in n.hashes[keep // ps:])
-            del n.hashes[keep // ps:]
-        # a pure-read match that ended at `n`, or at its parent partway into this edge, would
-        # now answer less: both stamps must go stale
-        n.cv += 1
-        n.parent.cv += 1
 
     # ---- locks ----------------------------------------------------------------------------
     def _inc_lock(self, node: TreeNode) -> None:
@@ -485,7 +314,7 @@ class RadixCache(PrefixCache):
     def set_eviction_guard(self, keep) -> None:
         self.keep = keep
 
-    def host_tier(self) -> HostTier | None:
+    def host_tier(self) -> HostStore | None:
         return self.host
 
     def stats(self) -> dict[str, int]:
@@ -500,7 +329,7 @@ class RadixCache(PrefixCache):
         return self.root
 
     def tree_children(self, node: TreeNode) -> list[TreeNode]:
-        return sorted(node.children.values(), key=_node_id)
+        return sorted(node.children.values(), key=node_id)
 
     def tree_parent(self, node: TreeNode) -> TreeNode | None:
         return node.parent

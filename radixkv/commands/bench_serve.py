@@ -9,10 +9,10 @@ from typing import Any
 
 from rich.table import Table
 
-from radixkv.bench_serve import BenchConfig, BenchResult, run_benchmark
+from radixkv.bench.client import BenchConfig, BenchResult, run_benchmark
 from radixkv.commands.inputs import add_workload_args, concurrency_from_args, load_from_args
-from radixkv.commands.output import (Outputs, advance_by, check_file_target, console, metadata,
-                                     pct, progress_bar, unit_of, workload_info)
+from radixkv.commands.output import (Outputs, advance_by, check_file_target, console, metadata, pct,
+                                     progress_bar, unit_of, workload_info)
 
 
 def register(subparsers: Any) -> None:

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixkv.commands.generate import DTYPES
 from radixkv.commands.output import check_file_target, console
+from radixkv.commands.torch_flags import add_torch_flag
 from radixkv.shapes import MODEL_CONFIGS
 from radixkv.validate import positive_int
 
@@ -23,14 +23,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", default="tiny-llama", metavar="NAME|DIR",
                    help=f"a named shape with random weights ({', '.join(MODEL_CONFIGS)}) or a "
                         f"local Hugging Face checkpoint directory (default: tiny-llama)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: RADIXKV_DEVICE, else cuda if "
-                                    "present, else cpu)")
-    p.add_argument("--dtype", choices=DTYPES, metavar="NAME",
-                   help=f"{', '.join(DTYPES)} (default: float32 on CPU, bfloat16 on CUDA)")
+    add_torch_flag(p, "--device")
+    add_torch_flag(p, "--dtype")
     p.add_argument("--attention", metavar="NAME",
                    help="attention backend to time (default: the executor's for the device)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="CPU intra-op threads (default: 1, as generate)")
+    add_torch_flag(p, "--threads", default=", as generate")
     p.add_argument("--repeats", type=int, metavar="N",
                    help="timed runs per grid point, the fastest kept (default: 3 on CPU, 5 on "
                         "CUDA)")
@@ -41,26 +38,18 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch                                  # the torch extra is needed only here
-
-    from radixkv.calibration import Grid, calibrate, pool_slots
-    from radixkv.model.executor import TorchExecutor, default_dtype
-    from radixkv.model.setup import check_kv_memory, model_args, torch_device
+    from radixkv.calibration.measure import Grid, calibrate, pool_slots  # torch: only here
+    from radixkv.model.setup import torch_target
 
     check_file_target(args.out, "--out")
-    margs = model_args(args.model)
-    positive_int(args.threads, "--threads")
-    dev = torch_device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(dev)
-    grid = Grid.for_device(dev)
+    target = torch_target(args.model, args.device, args.dtype, args.threads)
+    grid = Grid.for_device(target.device)
     if args.repeats is not None:
         grid = Grid(**{**grid.__dict__, "repeats": positive_int(args.repeats, "--repeats"),
                        "seed": args.seed})
     slots = pool_slots(grid.points())
-    check_kv_memory(margs, slots, margs.kv_bytes_per_token(dtype.itemsize), dev, dtype)
-    torch.set_num_threads(args.threads)
-    ex = TorchExecutor.from_config(args.model, slots, seed=args.seed, device=dev, dtype=dtype,
-                                   attention=args.attention)
+    target.check_kv_memory(slots)
+    ex = target.executor(slots, seed=args.seed, attention=args.attention)
     con = console()
     t0 = time.perf_counter()
     with con.status(f"timing {ex.name} ({ex.attention.name})") as status:

@@ -14,11 +14,11 @@ from radixkv.commands.flags import add_config_flags, check_pool, configs_from_ar
 from radixkv.commands.inputs import add_model_args, add_workload_args, load_from_args
 from radixkv.commands.output import (Outputs, check_file_target, console, metadata, pct,
                                      progress_bar, workload_info)
+from radixkv.offline.simulate import REFERENCE
 from radixkv.router import ROUTERS
 from radixkv.router.cluster import ClusterConfig
 from radixkv.router.compare import run_routers
 from radixkv.router.results import ClusterResult
-from radixkv.simulate import REFERENCE
 from radixkv.validate import positive_int
 
 # KV per replica: ~48.8 GiB of Llama-3-8B KV, what an 80 GB GPU keeps after the weights; it
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                            results=[r.row() for r in results])
             out.write_json(args.json, {**doc, "replicas": config.replicas})
         if args.plot is not None:
-            from radixkv.router.plot import plot_cluster
+            from radixkv.plots.cluster import plot_cluster
             plot_cluster(results, out.path(args.plot), title)
     for path in (args.json, args.plot):
         if path is not None:

@@ -10,15 +10,15 @@ from typing import Any
 
 from rich.table import Table
 
+from radixkv.commands.cost import cost_from_args
 from radixkv.commands.flags import (add_config_flags, check_pool, configs_from_args,
                                     parse_config_spec)
 from radixkv.commands.inputs import (add_concurrency_arg, add_model_args, add_workload_args,
                                      concurrency_from_args, load_from_args)
-from radixkv.commands.output import (Outputs, check_dir_target, console, engine_row, metadata,
-                                     pct, progress_bar, seconds, workload_info)
-from radixkv.plot import plot_compare, plot_timeline
-from radixkv.commands.cost import cost_from_args
-from radixkv.simulate import REFERENCE, Named, compare, reference_configs
+from radixkv.commands.output import (Outputs, check_dir_target, console, engine_row, metadata, pct,
+                                     progress_bar, seconds, workload_info)
+from radixkv.offline.simulate import REFERENCE, Named, compare, reference_configs
+from radixkv.plots.compare import plot_compare, plot_timeline
 
 FILES = ("compare.json", "compare.png", "timeline.png")
 

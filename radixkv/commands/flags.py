@@ -15,7 +15,7 @@ from typing import Any, Iterable, Literal
 
 from radixkv.cache.pool import SlotPool
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
-from radixkv.replay import parse_capacity
+from radixkv.validate import parse_capacity
 
 BLOCK_SIZE = 16                     # vLLM's default block
 CACHE_KINDS = ("radix", "blockhash", "none")

@@ -18,11 +18,12 @@ from rich.table import Table
 
 from radixkv.commands.flags import add_config_flags, check_pool, configs_from_args
 from radixkv.commands.inputs import add_workload_args, load_from_args
-from radixkv.commands.output import (Outputs, check_file_target, console, engine_row, metadata,
-                                     pct, workload_info)
+from radixkv.commands.output import (Outputs, check_file_target, console, engine_row, metadata, pct,
+                                     workload_info)
+from radixkv.commands.torch_flags import add_torch_flag
 from radixkv.engine.engine import Engine, request_from_trace
-from radixkv.shapes import MODEL_CONFIGS
 from radixkv.sched.request import Request
+from radixkv.shapes import MODEL_CONFIGS
 from radixkv.validate import positive_int
 from radixkv.workloads import GENERATORS, read_jsonl
 
@@ -31,7 +32,6 @@ CPU_DEFAULTS: dict[str, dict[str, Any]] = {
     "support": dict(num_users=20, turns=3, system_len=256, fewshot_len=768, rag_len=256,
                     msg_len=(16, 64), reply_len=(8, 32), rate=4.0),
 }
-DTYPES = ("bfloat16", "float16", "float32")
 DEFAULT_TOKENS = 65536
 
 
@@ -67,13 +67,10 @@ def register(subparsers: Any) -> None:
     g.add_argument("--top-p", type=float, default=1.0, metavar="P",
                    help="nucleus mass (default: 1)")
     g.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off (default: 0)")
-    g.add_argument("--device", help="cpu, cuda or cuda:N (default: RADIXKV_DEVICE, else cuda "
-                                    "if present, else cpu)")
-    g.add_argument("--dtype", choices=DTYPES, metavar="NAME",
-                   help=f"{', '.join(DTYPES)} (default: float32 on CPU, bfloat16 on CUDA)")
-    g.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="CPU intra-op threads (default: 1; small models are overhead-bound, and "
-                        "spinning OpenMP threads collapse on a shared machine)")
+    add_torch_flag(g, "--device")
+    add_torch_flag(g, "--dtype")
+    add_torch_flag(g, "--threads", default="; small models are overhead-bound, and spinning "
+                                           "OpenMP threads collapse on a shared machine")
     g.add_argument("--batch-invariant", action="store_true",
                    help="bit-identical logits whatever the batch (slower)")
     p.add_argument("--json", type=Path, metavar="OUT",
@@ -121,26 +118,21 @@ def _tokenizer_path(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch                                  # the torch extra is needed only here
-
-    from radixkv.model.executor import TorchExecutor, default_dtype
-    from radixkv.model.sampling import SamplingParams
-    from radixkv.model.setup import check_kv_memory, device_name, model_args, torch_device
+    from radixkv.model.sampling import SamplingParams  # the torch extra is needed only here
+    from radixkv.model.setup import device_name, torch_target
     from radixkv.model.tokenizer import load_tokenizer
 
     if args.json is not None:
         check_file_target(args.json, "--json")
     if args.prompts is not None:
         _refuse_workload_options(args)
-    margs = model_args(args.model)
-    positive_int(args.threads, "--threads")
-    dev = torch_device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(dev)
-    bpt = margs.kv_bytes_per_token(dtype.itemsize)
-    rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=DEFAULT_TOKENS)
+    target = torch_target(args.model, args.device, args.dtype, args.threads)
+    margs = target.args
+    rc = configs_from_args(args, kv_bytes_per_token=target.kv_bytes_per_token,
+                           default_tokens=DEFAULT_TOKENS)
     cfg = rc.engine(rc.caches[0])
     check_pool(cfg)
-    check_kv_memory(margs, cfg.kv_capacity, bpt, dev, dtype)
+    target.check_kv_memory(cfg.kv_capacity)
     tok = load_tokenizer(_tokenizer_path(args))
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, rc.seed,
                               args.max_new_tokens)
@@ -163,9 +155,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"request {bad.rid!r} holds token id "
                          f"{max(bad.tokens + list(bad.forced_output or ()))} outside the model "
                          f"vocabulary [0, {vocab})")
-    torch.set_num_threads(args.threads)
-    ex = TorchExecutor.from_config(args.model, cfg.kv_capacity, seed=rc.seed, device=dev,
-                                   dtype=dtype, batch_invariant=args.batch_invariant,
+    ex = target.executor(cfg.kv_capacity, seed=rc.seed, batch_invariant=args.batch_invariant,
                                    host_slots=cfg.cache.host_kv_tokens)
     engine = Engine(cfg, cfg.cache.build(), ex)
     for r in reqs:
@@ -197,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
               f"{done / max(wall, 1e-9):,.0f} tokens/s", soft_wrap=True, highlight=False)
     if args.json is not None:
         with Outputs() as out:
-            out.write_json(args.json, metadata(info, model=args.model, gpu=device_name(dev),
+            out.write_json(args.json, metadata(info, model=args.model, gpu=device_name(target.device),
                                                max_total_tokens=cfg.kv_capacity,
                                                results=[engine_row(rep.summary())]))
         con.print(f"wrote {args.json}")

@@ -13,7 +13,7 @@ from radixkv.commands.flags import add_config_flags, configs_from_args, whole_pa
 from radixkv.commands.inputs import add_workload_args, load_from_args
 from radixkv.commands.output import (Outputs, check_file_target, console, metadata, pct,
                                      progress_bar, workload_info)
-from radixkv.replay import ReplayStats, pool_size, replay
+from radixkv.offline.replay import ReplayStats, pool_size, replay
 from radixkv.sim.specs import MODEL_SPECS
 
 PROGRESS_MIN_REQUESTS = 500

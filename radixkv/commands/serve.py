@@ -12,7 +12,7 @@ from typing import Any
 
 from radixkv.commands.flags import (CACHE_FLAGS, ENGINE_FLAGS, SCHED_FLAGS, add_config_flags,
                                     check_pool, configs_from_args)
-from radixkv.commands.generate import DTYPES
+from radixkv.commands.torch_flags import add_torch_flag
 from radixkv.shapes import MODEL_CONFIGS
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
 
@@ -49,12 +49,9 @@ def register(subparsers: Any) -> None:
                    dest="max_model_len", help="context length (default: the model's)")
     g.add_argument("--tokenizer", metavar="PATH",
                    help="tokenizer.json (default: the checkpoint's, else bytes)")
-    g.add_argument("--device", help="torch: cpu, cuda or cuda:N (default: cuda if present)")
-    g.add_argument("--dtype", choices=DTYPES, metavar="NAME",
-                   help="torch: bfloat16, float16 or float32 (default: float32 on CPU, "
-                        "bfloat16 on CUDA)")
-    g.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="torch on the CPU: intra-op threads (default: 1)")
+    add_torch_flag(g, "--device", scope="torch: ", default="cuda if present")
+    add_torch_flag(g, "--dtype", scope="torch: ")
+    add_torch_flag(g, "--threads", scope="torch: ")
     add_config_flags(p, caches="one", scheduler=True,
                      max_total_tokens=f"{TORCH_DEFAULT_TOKENS} for torch, {SIM_DEFAULT_TOKENS} "
                                       f"for sim")
@@ -101,9 +98,9 @@ def flag_table(args: argparse.Namespace, cfg) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from radixkv.kvevents.publisher import KVEventsConfig
     from radixkv.server.app import build_app
     from radixkv.server.build import ServeOptions, build_server
-    from radixkv.server.events import KVEventsConfig
     from radixkv.server.launch import bind, serve_forever, url_of
     from radixkv.server.tenants import Tenants
 
@@ -162,8 +159,8 @@ def run_replicas(args: argparse.Namespace, opts, cfg) -> int:
     import signal
     import threading
 
-    from radixkv.ray_router import router_config
-    from radixkv.server.ray_serve import HUB, check_options, ray_serve
+    from radixkv.rayserve.ingress import HUB, check_options, ray_serve
+    from radixkv.rayserve.request_router import router_config
 
     name = args.router or "radixkv"
     check_options(opts, args.replicas)

@@ -7,14 +7,13 @@ from typing import Any
 
 from rich.table import Table
 
+from radixkv.commands.cost import cost_from_args
 from radixkv.commands.flags import add_config_flags, check_pool, configs_from_args
 from radixkv.commands.inputs import (add_concurrency_arg, add_model_args, add_workload_args,
                                      concurrency_from_args, load_from_args)
-from radixkv.commands.output import (Outputs, advance_by, check_file_target, console,
-                                     engine_row, metadata, pct, progress_bar, unit_of,
-                                     workload_info)
-from radixkv.commands.cost import cost_from_args
-from radixkv.simulate import REFERENCE, run_config
+from radixkv.commands.output import (Outputs, advance_by, check_file_target, console, engine_row,
+                                     metadata, pct, progress_bar, unit_of, workload_info)
+from radixkv.offline.simulate import REFERENCE, run_config
 
 
 def register(subparsers: Any) -> None:

@@ -1,6 +1,6 @@
 """`radixkv validate`: one workload through the real engine (TorchExecutor) and through the
 simulator priced by a profile, TTFT / E2E percentiles and makespan side by side with the
-relative error of each (radixkv.fidelity)."""
+relative error of each (radixkv.calibration.fidelity)."""
 from __future__ import annotations
 
 import argparse
@@ -14,9 +14,9 @@ from radixkv.commands.generate import CPU_DEFAULTS as GENERATE_DEFAULTS
 from radixkv.commands.inputs import add_workload_args, load_from_args
 from radixkv.commands.output import (Outputs, check_file_target, console, metadata, pct,
                                      workload_info)
+from radixkv.commands.torch_flags import add_torch_flag
 from radixkv.shapes import MODEL_CONFIGS
 from radixkv.sim.profile import load_profile
-from radixkv.validate import positive_int
 
 # Workloads scaled for a tiny model on a CPU (a real run of each takes a few seconds).
 CPU_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -43,40 +43,33 @@ def register(subparsers: Any) -> None:
                    help="a profile written by `radixkv calibrate` for this model and device")
     add_workload_args(p, rate_default="the CPU default above, else the generator's")
     add_config_flags(p, caches="one", scheduler=True, max_total_tokens=str(DEFAULT_TOKENS))
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the profile's device)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="CPU intra-op threads (default: 1, as calibrate)")
+    add_torch_flag(p, "--device", default="the profile's device")
+    add_torch_flag(p, "--threads", default=", as calibrate")
     p.add_argument("--json", type=Path, metavar="OUT",
                    help="also write per metric real, simulated and relative_error as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch                                  # the torch extra is needed only here
-
-    from radixkv.fidelity import compare_reports, run_real, run_simulated
-    from radixkv.model.executor import TorchExecutor
-    from radixkv.model.setup import check_kv_memory, model_args, torch_device
+    from radixkv.calibration.fidelity import compare_reports, run_real, run_simulated
+    from radixkv.model.setup import model_args, torch_target  # the torch extra: only here
 
     if args.json is not None:
         check_file_target(args.json, "--json")
-    margs = model_args(args.model)
-    prof = load_profile(args.profile, model=margs.name)
-    positive_int(args.threads, "--threads")
-    dev = torch_device(args.device or prof.device)
-    if dev.type != prof.device:
-        raise ValueError(f"--device {str(dev)!r}: the profile was measured on {prof.device!r}")
-    dtype = getattr(torch, prof.dtype)
-    bpt = margs.kv_bytes_per_token(dtype.itemsize)
-    rc = configs_from_args(args, kv_bytes_per_token=bpt, default_tokens=DEFAULT_TOKENS)
+    prof = load_profile(args.profile, model=model_args(args.model).name)
+    target = torch_target(args.model, args.device or prof.device, prof.dtype, args.threads)
+    margs = target.args
+    if target.device.type != prof.device:
+        raise ValueError(f"--device {str(target.device)!r}: the profile was measured on "
+                         f"{prof.device!r}")
+    rc = configs_from_args(args, kv_bytes_per_token=target.kv_bytes_per_token,
+                           default_tokens=DEFAULT_TOKENS)
     cfg = rc.engine(rc.caches[0])
     check_pool(cfg)
-    check_kv_memory(margs, cfg.kv_capacity, bpt, dev, dtype)
+    target.check_kv_memory(cfg.kv_capacity)
     wl = load_from_args(args, generator_defaults=CPU_DEFAULTS.get(args.workload),
                         vocab_size=margs.vocab_size)
-    torch.set_num_threads(args.threads)
-    ex = TorchExecutor.from_config(args.model, cfg.kv_capacity, seed=rc.seed, device=dev,
-                                   dtype=dtype, attention=prof.backend,
+    ex = target.executor(cfg.kv_capacity, seed=rc.seed, attention=prof.backend,
                                    host_slots=cfg.cache.host_kv_tokens)
     con = console()
     with con.status(f"real run: {ex.name}, {len(wl)} requests"):

@@ -1,15 +1,55 @@
 """Resolving what a real model runs on: its shape (a named config or a checkpoint directory),
-the torch device, and whether a KV pool fits that device's memory — before anything is
-allocated. The commands that run a real model (generate, serve, calibrate, validate) share
-these."""
+the torch device and dtype, its CPU threads, and whether a KV pool fits that device's memory —
+before anything is allocated. The commands that run a real model (generate, serve, calibrate,
+validate) take the same flags (commands/torch_flags.py) and resolve them here, once
+(`torch_target`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
 from radixkv.cache.pool import host_memory_bytes
 from radixkv.shapes import MODEL_CONFIGS, ModelArgs
+from radixkv.validate import positive_int
+
+
+class TorchTarget(NamedTuple):
+    """A real model and what it runs on, resolved from the torch flags."""
+    model: str                # a named shape or a checkpoint directory
+    args: ModelArgs
+    device: Any               # torch.device
+    dtype: Any                # torch.dtype
+    threads: int              # CPU intra-op threads
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.args.kv_bytes_per_token(self.dtype.itemsize)
+
+    def check_kv_memory(self, slots: int) -> None:
+        check_kv_memory(self.args, slots, self.kv_bytes_per_token, self.device, self.dtype)
+
+    def executor(self, slots: int, **options):
+        """The TorchExecutor over a pool of `slots`, on this device, dtype and threads."""
+        from radixkv.model.executor import TorchExecutor
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.threads)
+        return TorchExecutor.from_config(self.model, slots, device=self.device, dtype=self.dtype,
+                                         **options)
+
+
+def torch_target(model: str, device: str | None, dtype: str | None, threads: int,
+                 threads_flag: str = "--threads") -> TorchTarget:
+    """The model's shape, the device (RADIXKV_DEVICE, else cuda if present, else cpu, unless
+    given), the dtype (float32 on a CPU, bfloat16 on CUDA, unless given) and the threads, each
+    checked with a clear error, in that order."""
+    from radixkv.model.executor import default_dtype
+    args = model_args(model)
+    threads = positive_int(threads, threads_flag)
+    dev = torch_device(device)
+    return TorchTarget(model, args, dev, getattr(torch, dtype) if dtype else default_dtype(dev),
+                       threads)
 
 
 def model_args(name: str) -> ModelArgs:

@@ -1,6 +1,6 @@
 """LRU hit tokens at every KV capacity in one pass over a workload (Mattson stack distances).
 
-What it reproduces: `radixkv.replay.replay` under LRU with page-granularity eviction, for the
+What it reproduces: `radixkv.offline.replay.replay` under LRU with page-granularity eviction, for the
 radix tree (`RadixCache(evict_granularity="page")`, any page size) and for the block-hash cache
 (page = block): `hit_tokens` and the per-request `hits`, exactly, at every capacity at once.
 
@@ -57,7 +57,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from radixkv.cache.key import RadixKey
-from radixkv.replay import computed_output, pool_size, request_need
+from radixkv.offline.replay import computed_output, pool_size, request_need
 from radixkv.workloads import TraceRequest
 
 KINDS = ("radix", "blockhash")
@@ -122,12 +122,12 @@ class _Fenwick:
 
 
 class _Node:
-    """A node of the unlimited cache's tree: `key` is its edge (packed uint32 tokens, whole
-    pages), `depth` the page index its edge starts at, `base` the stable id of its first page
-    (pages keep their id across splits), `stamp` its last touch."""
+    """A node of the unlimited cache's tree: `key` is its edge (a RadixKey of whole pages),
+    `depth` the page index its edge starts at, `base` the stable id of its first page (pages
+    keep their id across splits), `stamp` its last touch."""
     __slots__ = ("key", "children", "stamp", "npages", "depth", "base")
 
-    def __init__(self, key: bytes, stamp: int, npages: int, depth: int, base: int):
+    def __init__(self, key: RadixKey, stamp: int, npages: int, depth: int, base: int):
         self.key, self.children = key, {}
         self.stamp, self.npages, self.depth, self.base = stamp, npages, depth, base
 
@@ -136,33 +136,29 @@ class _Tree:
     """The unlimited cache's radix tree with recency stamps (see the module docstring)."""
 
     def __init__(self, page_size: int):
-        self.ps, self.pb = page_size, 4 * page_size          # tokens, bytes per page
+        self.ps = page_size                                   # tokens per page
         self.roots: dict[tuple, _Node] = {}
         self.fen = _Fenwick()
         self.stamp = 0
         self.pages = 0                                        # page ids handed out
 
-    def walk(self, buf: bytes, namespace: tuple, A: int) -> tuple[list[_Node], bool]:
-        """The path of `A` whole pages of `buf`, splitting nodes where it ends or diverges; the
-        last node is new (never held) when the second value is True."""
-        root = self.roots.get(namespace)
+    def walk(self, key: RadixKey, A: int) -> tuple[list[_Node], bool]:
+        """The path of the first `A` whole pages of `key`, splitting nodes where it ends or
+        diverges; the last node is new (never held) when the second value is True."""
+        root = self.roots.get(key.namespace)
         if root is None:
-            root = self.roots[namespace] = _Node(b"", 0, 0, 0, 0)
-        pb, node, pos, path = self.pb, root, 0, []
+            root = self.roots[key.namespace] = _Node(RadixKey(), 0, 0, 0, 0)
+        ps, node, pos, path = self.ps, root, 0, []
         while pos < A:
-            off = pos * pb
-            child = node.children.get(buf[off:off + pb])
+            child = node.children.get(key.page(pos, ps))
             if child is None:
-                leaf = _Node(buf[off:A * pb], 0, A - pos, pos, self.pages)
+                leaf = _Node(key[pos * ps:A * ps], 0, A - pos, pos, self.pages)
                 self.pages += A - pos
-                node.children[buf[off:off + pb]] = leaf
+                node.children[key.page(pos, ps)] = leaf
                 path.append(leaf)
                 return path, True
-            n = min(child.npages, A - pos)
-            if buf[off:off + n * pb] != child.key[:n * pb]:
-                a = np.frombuffer(buf, np.uint32, n * self.ps, off)
-                b = np.frombuffer(child.key, np.uint32, n * self.ps)
-                n = int((a != b).argmax()) // self.ps        # >= 1: the first page matched
+            # >= 1: the first page matched
+            n = min(child.npages, A - pos, key.shared(child.key, pos * ps) // ps)
             if n < child.npages:
                 child = self._split(node, child, n)
             path.append(child)
@@ -173,12 +169,12 @@ class _Tree:
     def _split(self, parent: _Node, child: _Node, n: int) -> _Node:
         """Cut `child` after n pages; the upper part keeps the stamp (the Fenwick weight at it
         is unchanged: both parts are still there, the lower one deeper)."""
-        pb = self.pb
-        upper = _Node(child.key[:n * pb], child.stamp, n, child.depth, child.base)
-        parent.children[child.key[:pb]] = upper
-        child.key, child.npages = child.key[n * pb:], child.npages - n
+        ps = self.ps
+        upper = _Node(child.key[:n * ps], child.stamp, n, child.depth, child.base)
+        parent.children[child.key.page(0, ps)] = upper
+        child.key, child.npages = child.key[n * ps:], child.npages - n
         child.depth, child.base = child.depth + n, child.base + n
-        upper.children[child.key[:pb]] = child
+        upper.children[child.key.page(0, ps)] = child
         return upper
 
     def ranks(self, path: list[_Node], new: bool) -> np.ndarray:
@@ -258,13 +254,12 @@ def lru_hit_curve(requests: Iterable[TraceRequest], kind: str, page_size: int,
     for i, r in enumerate(reqs):
         key = RadixKey(r.prompt, r.extra_key, r.cache_salt)
         out, filler = computed_output(r, filler)      # as replay: what gets KV
-        tail = np.asarray(out, np.uint32).tobytes()
         L, T = len(key), len(key) + len(out)
         M, F, A = (L - 1) // ps, L // ps, T // ps
         n_prompt = -(-L // ps)
         b = -(-T // ps) - n_prompt                     # output pages grown
         has_out = len(out) > 0
-        path, new = tree.walk(key.buf + tail, key.namespace, A) if A else ([], False)
+        path, new = tree.walk(key + out, A) if A else ([], False)
         R = tree.ranks(path, new)
         w = np.array([n.npages for n in path], np.int64)
         d0 = np.array([n.depth for n in path], np.int64)

@@ -3,7 +3,7 @@
 LRU curves come in one pass from `lru_hit_curve` (exact Mattson stack distances): the
 blockhash cache, and the radix cache evicting whole pages (granularity "page"). Every other
 order (slru, lfu, fifo, ...), belady, and radix LRU evicting whole nodes is replayed once per
-capacity with the same request lifecycle as `radixkv.replay.replay`, spread over the
+capacity with the same request lifecycle as `radixkv.offline.replay.replay`, spread over the
 machine's cores.
 
 Capacities: `points` log-spaced from the smallest pool that holds the largest request to the
@@ -27,9 +27,9 @@ import numpy as np
 from radixkv.cache.pool import round_up
 from radixkv.config import CacheConfig
 from radixkv.engine.engine import request_from_trace
-from radixkv.replay import replay, request_need
+from radixkv.offline.replay import replay, request_need
+from radixkv.offline.simulate import logical_clock
 from radixkv.sim.oracle import FutureOracle
-from radixkv.simulate import logical_clock
 from radixkv.sim.specs import MODEL_SPECS
 from radixkv.validate import positive_int
 from radixkv.workloads import TraceRequest, Workload

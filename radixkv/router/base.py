@@ -7,7 +7,7 @@ deployment): it sees only the typed values below.
   cache namespace, routing key, arrival, output budget).
 - `ReplicaView`: what a replica publishes about its load, read at the moment of routing.
 - KV events: what each replica's cache stored and removed, either as the cache's `KVEvent`s
-  or as vLLM wire batches (radixkv.events), fed through `on_events`.
+  or as vLLM wire batches (radixkv.kvevents.wire), fed through `on_events`.
 
 Call order, for every request: `route(request, views)` -> the replica index `i`; the caller
 sends the request to replica `i` and calls `on_route(i, request)`; later, whenever a replica
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 from radixkv.cache.events import KVEvent, check_hash_algo
-from radixkv.events import EventBatch, KVEventBatch, page_hashes, to_wire
+from radixkv.kvevents.wire import EventBatch, KVEventBatch, page_hashes, to_wire
 from radixkv.registry import Registry
 from radixkv.validate import finite_time, int_at_least, positive_int
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 from radixkv.config import EngineConfig
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.engine.metrics import EngineReport, RequestRecord
+from radixkv.offline.simulate import logical_clock
 from radixkv.router import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
+from radixkv.router.base import StepCost
 from radixkv.router.results import ClusterResult, cluster_result
 from radixkv.sched.request import Request, Status
-from radixkv.router.base import StepCost
 from radixkv.sim.executor import SimExecutor
-from radixkv.simulate import logical_clock
 from radixkv.validate import int_at_least, positive_int
 
 _STEP_END, _ARRIVAL = 0, 1

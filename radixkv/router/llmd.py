@@ -16,9 +16,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixkv.events import KVIndex
-from radixkv.router.base import (ROUTERS, Events, ReplicaView, RequestInfo, Router,
-                                 RouterContext, as_batch)
+from radixkv.kvevents.index import KVIndex
+from radixkv.router.base import (ROUTERS, Events, ReplicaView, RequestInfo, Router, RouterContext,
+                                 as_batch)
 from radixkv.validate import finite_at_least
 
 

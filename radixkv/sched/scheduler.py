@@ -15,9 +15,9 @@ import math
 from typing import Any, Callable
 
 from radixkv.cache.manager import CacheManager
-from radixkv.config import SchedulerConfig
-from radixkv.sched.batch import BatchPlan, Segment, StepResult
 from radixkv.sched.admission import AddResult, Counters, PrefillAdder
+from radixkv.sched.batch import BatchPlan, Segment, StepResult
+from radixkv.sched.config import SchedulerConfig
 from radixkv.sched.policy import QUEUE_ORDERS, RETRACT_ORDERS, InBatchDedup, OrderContext
 from radixkv.sched.request import Request, Status
 

@@ -13,8 +13,8 @@ from typing import Any
 from radixkv import __version__
 from radixkv.config import EngineConfig
 from radixkv.engine.engine import Engine
+from radixkv.kvevents.publisher import KVEventsConfig, make_publisher
 from radixkv.server.app import ServerState
-from radixkv.server.events import KVEventsConfig, make_publisher
 from radixkv.server.metrics import ServerMetrics
 from radixkv.server.tenants import Tenants
 from radixkv.server.text import ChatTemplate
@@ -74,20 +74,13 @@ class ServeOptions:
 
 def _torch_parts(opts: ServeOptions, cfg: EngineConfig) -> tuple[Any, Any, Any]:
     """(executor, model args, sampling factory) of the real model."""
-    import torch
-
-    from radixkv.model.executor import TorchExecutor, default_dtype
     from radixkv.model.sampling import SamplingParams
-    from radixkv.model.setup import check_kv_memory, model_args, torch_device
+    from radixkv.model.setup import torch_target
 
-    margs = model_args(opts.model)
-    dev = torch_device(opts.device)
-    dtype = getattr(torch, opts.dtype) if opts.dtype else default_dtype(dev)
-    check_kv_memory(margs, cfg.kv_capacity, margs.kv_bytes_per_token(dtype.itemsize), dev, dtype)
-    if dev.type == "cpu":
-        torch.set_num_threads(opts.threads)
-    ex = TorchExecutor.from_config(opts.model, cfg.kv_capacity, seed=opts.seed, device=dev,
-                                   dtype=dtype, host_slots=cfg.cache.host_kv_tokens)
+    target = torch_target(opts.model, opts.device, opts.dtype, opts.threads, "threads")
+    target.check_kv_memory(cfg.kv_capacity)
+    ex = target.executor(cfg.kv_capacity, seed=opts.seed, host_slots=cfg.cache.host_kv_tokens)
+    margs = target.args
 
     def sampling(body, max_tokens: int):
         return SamplingParams(body.temperature, body.top_p, max(body.top_k, 0), body.seed,
@@ -107,7 +100,7 @@ def sim_cost(opts: ServeOptions):
 
 def load_text(opts: ServeOptions) -> tuple[Any, ChatTemplate]:
     """The tokenizer (--tokenizer, else the checkpoint's, else bytes) and chat template."""
-    from radixkv.model.tokenizer import load_tokenizer        # no torch needed
+    from radixkv.model.tokenizer import load_tokenizer  # no torch needed
 
     tok_path = opts.tokenizer
     if tok_path is None and Path(opts.model).is_dir() and (Path(opts.model) / "tokenizer.json").is_file():

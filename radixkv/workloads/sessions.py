@@ -1,5 +1,5 @@
 """The closed-loop send order shared by the simulated clients (engine/clients.py) and the HTTP
-load client (bench_serve.py): N clients, each sending its next request when its previous one
+load client (bench/client.py): N clients, each sending its next request when its previous one
 is done, a conversation never split across clients nor sent ahead of its previous turn."""
 from __future__ import annotations
 

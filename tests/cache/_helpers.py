@@ -64,7 +64,7 @@ def all_nodes(tree) -> list:
 def edge_prefixes(tree, step: int):
     """(namespace, token prefix, node, i) for every `step`-th token i of every edge: the prefix
     runs from the root through token i + step - 1 of `node`'s edge."""
-    from radixkv.cache.radix import path_key
+    from radixkv.cache.radix_node import path_key
     for n in all_nodes(tree):
         if n is tree.root:
             continue

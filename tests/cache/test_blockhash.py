@@ -11,7 +11,7 @@ from radixkv.cache.events import chain_hash
 from radixkv.cache.manager import CacheManager
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
-from radixkv.replay import replay
+from radixkv.offline.replay import replay
 from radixkv.workloads import make_workload
 
 from tests.cache._helpers import key, toks
@@ -297,7 +297,7 @@ from hypothesis import HealthCheck, settings                                    
 from hypothesis import strategies as st                                            # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
 
-from radixkv.cache.blockhash import Chain                                          # noqa: E402
+from radixkv.cache.blockhash_handles import Chain                                  # noqa: E402
 from radixkv.cache.events import KVEvent                                           # noqa: E402
 from radixkv.cache.key import RadixKey                                             # noqa: E402
 

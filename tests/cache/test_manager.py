@@ -15,7 +15,8 @@ from radixkv.cache.blockhash import BlockHashCache
 from radixkv.cache.manager import CacheManager
 from radixkv.cache.nocache import NoCache
 from radixkv.cache.pool import OutOfSlotsError, SlotPool
-from radixkv.cache.radix import RadixCache, path_key
+from radixkv.cache.radix import RadixCache
+from radixkv.cache.radix_node import path_key
 
 from tests.cache._helpers import FakeClock, all_nodes, edge_prefixes, key, shape, toks, tree_snapshot
 

@@ -257,7 +257,7 @@ def test_regression_replay_leaves_no_host_copies_queued():
     """The sequential replay has no executor to run host-tier copies; it used to queue one
     per request forever (memory growing with the trace)."""
     from radixkv.config import CacheConfig
-    from radixkv.replay import replay
+    from radixkv.offline.replay import replay
     from radixkv.workloads import make_workload
     w = make_workload("multiturn", num_users=6, turns=4, msg_len=(8, 24), reply_len=(4, 12),
                       vocab_size=500)

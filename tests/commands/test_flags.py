@@ -13,7 +13,7 @@ from radixkv.commands.flags import (CACHE_FLAGS, ENGINE_FLAGS, SCHED_FLAGS, conf
 from radixkv.commands.inputs import load_from_args
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
 from radixkv.sim.specs import MODEL_SPECS
-from radixkv.simulate import REFERENCE
+from radixkv.offline.simulate import REFERENCE
 
 from ._helpers import SMALL, hash_id_trace, parse, run, write_lines
 

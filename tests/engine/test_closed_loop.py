@@ -7,7 +7,7 @@ from radixkv.engine.engine import Engine
 from radixkv.sim.costmodel import CostModel
 from radixkv.sim.executor import SimExecutor
 from radixkv.sched.request import Status
-from radixkv.simulate import build_requests, reference_configs, run_config
+from radixkv.offline.simulate import build_requests, reference_configs, run_config
 from radixkv.workloads import TraceRequest, Workload
 
 SYSTEM = tuple(range(100, 164))

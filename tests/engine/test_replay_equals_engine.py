@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from radixkv.config import CacheConfig, SchedulerConfig
-from radixkv.replay import replay
+from radixkv.offline.replay import replay
 from radixkv.workloads import make_workload
 
 from tests.sched._helpers import logical_clock, make_engine, requests_of

@@ -7,7 +7,7 @@ from radixkv.engine.engine import Engine
 from radixkv.sched.request import Request
 from radixkv.sim.costmodel import CostModel
 from radixkv.sim.executor import SimExecutor
-from radixkv.simulate import build_requests, logical_clock
+from radixkv.offline.simulate import build_requests, logical_clock
 from radixkv.workloads.chat import support
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from radixkv.config import CacheConfig
 from radixkv.planning.onepass import lru_hit_curve
-from radixkv.replay import replay
+from radixkv.offline.replay import replay
 from radixkv.workloads import make_workload
 
 WORKLOADS = {"support": dict(num_users=30, turns=4), "multiturn": dict(num_users=30, turns=5)}

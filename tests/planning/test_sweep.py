@@ -11,7 +11,7 @@ import pytest
 from radixkv.config import CacheConfig, SchedulerConfig
 from radixkv.planning.sweep import (ONE_PASS, REPLAY, capacity_for, capacity_grid, ceiling,
                                     lines_of, replay_hits, request_need, sweep)
-from radixkv.replay import pool_size, replay
+from radixkv.offline.replay import pool_size, replay
 from radixkv.sim.specs import MODEL_SPECS
 from radixkv.workloads import make_workload
 
@@ -29,7 +29,7 @@ def clock():
 
 
 def plain(w, cfg: CacheConfig, capacity: int) -> int:
-    """Hit tokens of radixkv.replay.replay at `capacity`, on a logical clock."""
+    """Hit tokens of radixkv.offline.replay.replay at `capacity`, on a logical clock."""
     extra = {"clock": clock()} if cfg.kind == "radix" else {}
     return replay(w, cfg.build(**extra), capacity).hit_tokens
 
@@ -166,7 +166,7 @@ def plain_hits(w, cfg, cap):
 
 def test_belady_replay_equals_the_engine_one_request_at_a_time(w):
     """Belady in replay is the engine's belady: one request at a time, no chunking."""
-    from radixkv.simulate import run_config
+    from radixkv.offline.simulate import run_config
     from radixkv.config import EngineConfig
     from radixkv.sim.costmodel import CostModel
     cap = request_need(w, 1) + 2 + 200

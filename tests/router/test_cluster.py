@@ -8,7 +8,7 @@ from radixkv.config import CacheConfig, EngineConfig
 from radixkv.router import RequestInfo, Router, make_router
 from radixkv.router.cluster import Cluster, ClusterConfig, run_cluster
 from radixkv.sim.costmodel import CostModel
-from radixkv.simulate import build_requests
+from radixkv.offline.simulate import build_requests
 from radixkv.workloads import make_workload
 
 COST = CostModel.named("llama-3-8b", "h100-sxm")

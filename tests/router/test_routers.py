@@ -5,7 +5,7 @@ import pytest
 
 from radixkv.cache.events import KVEvent, chain_hash
 from radixkv.cache.key import RadixKey
-from radixkv.events import encode_batch, decode_batch, to_wire
+from radixkv.kvevents.wire import encode_batch, decode_batch, to_wire
 from radixkv.router import ReplicaView, RequestInfo, RouterContext, make_router
 from radixkv.router.sglang import SGLangOptions
 from radixkv.sim.costmodel import CostModel

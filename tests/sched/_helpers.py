@@ -6,7 +6,7 @@ from radixkv.sim.costmodel import CostModel
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.sim.executor import SimExecutor
 from radixkv.sim.oracle import FutureOracle
-from radixkv.simulate import logical_clock
+from radixkv.offline.simulate import logical_clock
 from radixkv.sched.batch import StepResult
 
 COST = CostModel.named("llama-3-8b", "h100-sxm")

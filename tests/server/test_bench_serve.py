@@ -10,10 +10,10 @@ import math
 import httpx
 import pytest
 
-from radixkv.bench_serve import (BenchConfig, RequestRecord, SSEParser, StreamState,
+from radixkv.bench.client import (BenchConfig, RequestRecord, SSEParser, StreamState,
                                  run_benchmark_async, send_times, summarize)
 from radixkv.cli import main
-from radixkv.serve_process import ServerProcess
+from radixkv.bench.process import ServerProcess
 from radixkv.workloads.sessions import SessionQueue
 from radixkv.workloads import TraceRequest, Workload, fewshot
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from radixkv.bench_serve import BenchResult
+from radixkv.bench import four_way
+from radixkv.bench.client import BenchResult
+from radixkv.bench.process import ServerProcess, parse_metrics
 from radixkv.cli import main
-from radixkv.commands import four_way
-from radixkv.serve_process import ServerProcess, parse_metrics
 
 METRICS = """\
 # HELP vllm:prefix_cache_queries Prefix-cache queries, tokens.

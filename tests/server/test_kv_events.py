@@ -16,8 +16,9 @@ from radixkv.cache.events import KVEvent
 from radixkv.cache.manager import CacheManager
 from radixkv.cache.pool import SlotPool
 from radixkv.config import CacheConfig
-from radixkv.events import KVIndex, page_hashes, to_wire
-from radixkv.server.events import (KVEventsConfig, NullPublisher, ZmqEventPublisher,
+from radixkv.kvevents.index import KVIndex
+from radixkv.kvevents.wire import page_hashes, to_wire
+from radixkv.kvevents.publisher import (KVEventsConfig, NullPublisher, ZmqEventPublisher,
                                    make_publisher, offset_port)
 
 from tests.cache._helpers import key

@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("ray.serve")
 
 from radixkv.cache.radix import RadixCache
-from radixkv.events import encode_batch, to_wire
-from radixkv.ray_router import RouterAdapter, build_router
+from radixkv.kvevents.wire import encode_batch, to_wire
+from radixkv.rayserve.request_router import RouterAdapter, build_router
 from radixkv.router.base import RequestInfo
 
 

@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 from radixkv.config import CacheConfig, EngineConfig
-from radixkv.ray_router import router_config
+from radixkv.rayserve.request_router import router_config
 from radixkv.server.build import ServeOptions
-from radixkv.server.ray_serve import HUB, check_options, ray_serve
+from radixkv.rayserve.ingress import HUB, check_options, ray_serve
 from tests.server._helpers import client
 
 OPTS = ServeOptions(model="llama-3-8b", executor="sim", enable_metrics=True)

@@ -1,4 +1,4 @@
-"""A server's KV events, subscribed with radixkv.events.KVIndex, agree with its tree at the
+"""A server's KV events, subscribed with radixkv.kvevents.wire.KVIndex, agree with its tree at the
 end: through evictions and a flush, after a lost message (repaired by replay), and for a
 subscriber that joins late."""
 from __future__ import annotations
@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from radixkv.config import CacheConfig
-from radixkv.events import KVIndex, page_hashes
-from radixkv.server.events import KVEventsConfig
+from radixkv.kvevents.index import KVIndex
+from radixkv.kvevents.wire import page_hashes
+from radixkv.kvevents.publisher import KVEventsConfig
 from tests.server._helpers import client, on_engine, running_server, wait_idle
 
 EVENTS = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",

@@ -23,7 +23,7 @@ from typing import Callable
 
 import httpx
 
-from radixkv.bench_stats import RequestRecord, summarize
+from radixkv.bench.stats import RequestRecord, summarize
 from radixkv.validate import positive_int
 from radixkv.workloads import TraceRequest, Workload
 from radixkv.workloads.sessions import SessionQueue

@@ -1,130 +1,18 @@
-"""KV cache events on the wire, in vLLM's format, and a subscriber that rebuilds a cache's pages.
+"""`KVIndex`, the KV-event subscriber: which pages each server holds, rebuilt from its events.
 
-Wire types: msgspec Structs laid out as vLLM's `vllm/distributed/kv_events.py` lays them out
-(array-like, tagged): a batch is `[ts, [event, ...], data_parallel_rank]` and an event is
-`["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]`,
-`["BlockRemoved", block_hashes, medium]` or `["AllBlocksCleared"]`. `to_wire` turns a cache's
-per-page `KVEvent`s into these; `page_hashes` computes the hashes a router computes for a prompt.
-
-`KVIndex` is the subscriber: `apply` is the pure part (which pages a server holds); `connect`
-adds a ZMQ SUB socket and a DEALER to the publisher's replay ROUTER. Messages are `[topic,
-8-byte big-endian seq, payload]`; on a sequence gap the index sends the 8-byte start seq to the
-replay socket, which answers one `[seq, payload]` per buffered batch and ends with seq -1 and an
-empty payload.
+`apply` is the pure part; `connect` adds a ZMQ SUB socket and a DEALER to the publisher's replay
+ROUTER. Messages are `[topic, 8-byte big-endian seq, payload]`; on a sequence gap the index
+sends the 8-byte start seq to the replay socket, which answers one `[seq, payload]` per buffered
+batch and ends with seq -1 and an empty payload.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-import msgspec
 import zmq
 
-from radixkv.cache.events import KVEvent, chain_hash, check_hash_algo
-from radixkv.cache.key import RadixKey
-from radixkv.validate import int_at_least, positive_int
-
-MEDIUM_GPU = "GPU"
-END_SEQ = -1                        # the replay socket's end-of-stream marker
-
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    """Base of the KV cache events (the tag is the class name)."""
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-
-
-WireEvent = BlockStored | BlockRemoved | AllBlocksCleared
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(KVEventBatch)
-
-
-def to_wire(events: Iterable[KVEvent], block_size: int) -> list[WireEvent]:
-    """vLLM events for a cache's KV events, in order: a run of "stored" pages that chain (each
-    one's parent is the previous one's hash) becomes one BlockStored, a run of "removed" pages
-    one BlockRemoved, "cleared" an AllBlocksCleared."""
-    block_size = positive_int(block_size, "block_size")
-    out: list[WireEvent] = []
-    for e in events:
-        last = out[-1] if out else None
-        if e.kind == "stored":
-            if len(e.token_ids) != block_size:
-                raise ValueError(f"stored page {e.block_hash} has {len(e.token_ids)} tokens, "
-                                 f"not block_size {block_size}")
-            if isinstance(last, BlockStored) and last.block_hashes[-1] == e.parent_hash:
-                last.block_hashes.append(e.block_hash)
-                last.token_ids.extend(e.token_ids)
-            else:
-                out.append(BlockStored([e.block_hash], e.parent_hash, list(e.token_ids),
-                                       block_size, None, MEDIUM_GPU))
-        elif e.kind == "removed":
-            if isinstance(last, BlockRemoved):
-                last.block_hashes.append(e.block_hash)
-            else:
-                out.append(BlockRemoved([e.block_hash], MEDIUM_GPU))
-        elif e.kind == "cleared":
-            out.append(AllBlocksCleared())
-        else:
-            raise ValueError(f"unknown KV event kind {e.kind!r}; valid: stored, removed, cleared")
-    return out
-
-
-def encode_batch(ts: float, events: Sequence[WireEvent], dp_rank: int | None = None) -> bytes:
-    """The msgpack payload of one batch."""
-    return _encoder.encode(KVEventBatch(float(ts), list(events), dp_rank))
-
-
-def decode_batch(payload: bytes) -> KVEventBatch:
-    """A batch from its msgpack payload; raises ValueError on a malformed one."""
-    try:
-        return _decoder.decode(payload)
-    except msgspec.DecodeError as e:
-        raise ValueError(f"malformed KV event batch ({len(payload)} bytes): {e}") from None
-
-
-def page_hashes(tokens, namespace: tuple, page_size: int, algo: str = "sha256", *,
-                salt_first_only: bool = False) -> list[int]:
-    """The chained hashes of the whole pages of `tokens` under `namespace` (extra_key,
-    cache_salt): what a cache emits when it stores them. RadixCache mixes the whole namespace
-    into every page; BlockHashCache, as vLLM, mixes cache_salt into the first page only
-    (salt_first_only=True). Without a salt both agree."""
-    if not isinstance(namespace, tuple) or len(namespace) != 2:
-        raise ValueError(f"namespace must be a tuple (extra_key, cache_salt), got {namespace!r}")
-    key = RadixKey(tokens, extra_key=namespace[0], cache_salt=namespace[1])
-    page_size, algo = positive_int(page_size, "page_size"), check_hash_algo(algo)
-    inner = (key.namespace[0], None) if salt_first_only else key.namespace
-    out: list[int] = []
-    parent = None
-    for i in range(len(key) // page_size):
-        parent = chain_hash(parent, key.namespace if i == 0 else inner, key.page(i, page_size), algo)
-        out.append(parent)
-    return out
+from radixkv.kvevents.wire import END_SEQ, BlockRemoved, BlockStored, EventBatch, decode_batch
+from radixkv.validate import int_at_least
 
 
 class KVIndex:
@@ -288,8 +176,3 @@ class KVIndex:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-__all__ = ["EventBatch", "KVCacheEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared",
-           "KVEventBatch", "MEDIUM_GPU", "to_wire", "encode_batch", "decode_batch",
-           "page_hashes", "KVIndex"]

@@ -18,10 +18,8 @@ footprint (peak nodes or blocks, orphaned and duplicate blocks) and CPU cost per
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import asdict, dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -32,9 +30,8 @@ from radixkv.cache.manager import CacheManager
 from radixkv.cache.orders import reuse_signature
 from radixkv.cache.pool import SlotPool, round_up
 from radixkv.sched.request import FILLER_BASE, SessionTurns
-from radixkv.validate import is_int, positive_int
+from radixkv.validate import is_int
 from radixkv.workloads import TraceRequest
-
 
 
 @dataclass(frozen=True)
@@ -157,45 +154,3 @@ def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int |
         peak_nodes=peak, duplicate_blocks=extra.get("duplicate_blocks", 0),
         cpu_us_per_request=cpu * 1e6 / len(reqs) if reqs else 0.0, wall_s=wall,
         capacity=slots_total, hits=tuple(hits))
-
-
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_CAPACITY = re.compile(r"\s*(\d[\d_,]*(?:\.\d+)?(?:[eE]\+?\d+)?)\s*([A-Za-z]*)\s*")
-
-
-def parse_capacity(text: str | int, kv_bytes_per_token: int | None = None) -> int:
-    """A capacity in tokens from a token count ("3000000", "3_000_000", "3,000,000", "3e6") or a
-    byte size ("40GiB", "1.5 TB"; B, KB, MB, GB, TB decimal, KiB..TiB binary), which needs
-    `kv_bytes_per_token` (rounded down to whole tokens)."""
-    if is_int(text):
-        if text < 1:
-            raise ValueError(f"capacity must be at least 1 token, got {text!r}")
-        return int(text)
-    m = _CAPACITY.fullmatch(text) if isinstance(text, str) else None
-    if m is None:
-        raise ValueError(f"bad capacity {text!r}: expected a token count such as 3000000 or "
-                         f"a byte size such as 40GiB")
-    number, unit = m.group(1).replace("_", "").replace(",", ""), m.group(2).lower()
-    if not unit or unit in ("t", "tok", "tokens"):
-        count = Decimal(number)
-        if count != count.to_integral_value():
-            raise ValueError(f"bad capacity {text!r}: a token count must be a whole number")
-        tokens = int(count)
-    else:
-        if unit not in _UNITS:
-            raise ValueError(f"bad capacity {text!r}: unknown unit {m.group(2)!r}; valid: B, KB, "
-                             f"MB, GB, TB, KiB, MiB, GiB, TiB (or none for tokens)")
-        if kv_bytes_per_token is None:
-            raise ValueError(f"capacity {text!r} is a byte size: give the KV bytes per token "
-                             f"(--kv-bytes-per-token) to turn it into tokens")
-        positive_int(kv_bytes_per_token, "kv_bytes_per_token")
-        try:
-            nbytes = Decimal(number) * _UNITS[unit]
-        except InvalidOperation:
-            raise ValueError(f"bad capacity {text!r}") from None
-        tokens = int(nbytes // kv_bytes_per_token)
-    if tokens < 1:
-        raise ValueError(f"capacity {text!r} is less than one token"
-                         + (f" at {kv_bytes_per_token:,} bytes per token" if unit else ""))
-    return tokens

@@ -27,7 +27,7 @@ import ray
 from ray import serve
 
 from radixkv.config import EngineConfig
-from radixkv.events import encode_batch, to_wire
+from radixkv.kvevents.wire import encode_batch, to_wire
 from radixkv.server.app import build_app
 from radixkv.server.build import ServeOptions, build_server
 from radixkv.server.launch import ServerThread

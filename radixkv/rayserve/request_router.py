@@ -1,11 +1,11 @@
 """A radixkv router (radixkv.router) as a Ray Serve request router, for `radixkv serve
---replicas N --router NAME` (radixkv.server.ray_serve deploys it).
+--replicas N --router NAME` (radixkv.rayserve.ingress deploys it).
 
 `RouterAdapter` is a Ray Serve `RequestRouter`: Ray builds one in the process that holds the
 engine deployment's handle (the ingress) and calls `choose_replicas` for each request. It
 builds the named router with `make_router` — the same code the cluster simulator runs — and
 feeds it through the router contract: before each decision it pulls what the replicas sent to
-the hub (radixkv.server.ray_replica: KV event batches → `on_events`, first outputs →
+the hub (radixkv.rayserve.replica: KV event batches → `on_events`, first outputs →
 `on_first_token`, ends → `on_finish`, engine figures), then `route(request, views)` gives a
 replica index, mapped to Ray's replica by the replica's rank. The chosen replica is Ray's
 first rank, the others its fallback (Ray sends to a replica of a rank that has room).
@@ -27,10 +27,10 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from radixkv.config import EngineConfig
-from radixkv.events import AllBlocksCleared, KVEventBatch, decode_batch
+from radixkv.kvevents.wire import AllBlocksCleared, KVEventBatch, decode_batch
+from radixkv.rayserve.replica import hub_named
 from radixkv.router import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext, make_router
 from radixkv.server.build import ServeOptions
-from radixkv.server.ray_replica import hub_named
 from radixkv.sim.costmodel import CostModel
 from radixkv.sim.specs import MODEL_SPECS
 

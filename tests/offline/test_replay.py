@@ -12,10 +12,11 @@ from radixkv.cache.nocache import NoCache
 from radixkv.cache.radix import RadixCache
 from radixkv.cli import main
 from radixkv.config import CacheConfig
-from radixkv.replay import parse_capacity, replay
+from radixkv.offline.replay import replay
+from radixkv.validate import parse_capacity
 from radixkv.workloads import TraceRequest, Workload, load_workload, make_workload
 
-MOONCAKE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/synthetic_trace.jsonl"
+MOONCAKE = Path(__file__).resolve().parents[2].parent / "shared/traces/mooncake/synthetic_trace.jsonl"
 SMALL = {
     "support": dict(num_users=6, turns=3, system_len=100, fewshot_len=150, rag_len=200,
                     msg_len=(5, 40), reply_len=(5, 60)),

@@ -1,11 +1,11 @@
-"""`radixkv serve --replicas N` on Ray Serve: N engine replicas (radixkv.server.ray_replica)
+"""`radixkv serve --replicas N` on Ray Serve: N engine replicas (radixkv.rayserve.replica)
 behind one OpenAI endpoint, Ray Serve's HTTP proxy on HOST:PORT.
 
 The proxy sends every HTTP request to one ingress replica (FastAPI). For a completion or chat
 request the ingress computes what a router needs — the prompt's token ids exactly as a replica
 will (the same tokenizer, chat template and tenant namespace), a routing key, the output budget
 — and calls the engine deployment through a Ray Serve handle with that `route` as the first
-argument; the deployment's request router (configured by the caller: radixkv.ray_router)
+argument; the deployment's request router (configured by the caller: radixkv.rayserve.request_router)
 reads it in `choose_replicas`. Every other route goes to any replica. `GET /replicas` lists the
 replicas: rank, loopback URL (each replica's own /metrics and /server_info) and engine figures.
 """
@@ -18,18 +18,19 @@ import uuid
 from types import SimpleNamespace
 
 import ray
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from ray import serve
 
 from radixkv.config import EngineConfig
+from radixkv.kvevents.publisher import KVEventsConfig
+from radixkv.rayserve.replica import HUB_NAMESPACE, EngineReplica, EventHub, hub_named
 from radixkv.server import protocol as P
 from radixkv.server.app import APIError, prompt_ids
 from radixkv.server.build import ServeOptions, load_text
-from radixkv.server.events import KVEventsConfig
 from radixkv.server.launch import bind
-from radixkv.server.ray_replica import HUB_NAMESPACE, EngineReplica, EventHub, hub_named
 from radixkv.server.tenants import AuthError
 from radixkv.validate import positive_int
 

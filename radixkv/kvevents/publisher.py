@@ -5,7 +5,7 @@ computed, not sent) or a `ZmqEventPublisher`: the engine thread calls `publish(e
 converts them to vLLM's wire events and hands them to a sending thread through a bounded queue.
 That thread numbers each batch, sends `[topic, 8-byte big-endian seq, msgpack batch]` on a PUB
 socket, keeps the last `buffer_steps` batches, and answers replay requests on a ROUTER socket
-(radixkv.events describes the protocol and its subscriber, `KVIndex`).
+(kvevents/wire.py describes the wire format, kvevents/index.py its subscriber, `KVIndex`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from itertools import count
 import zmq
 
 from radixkv.cache.events import KVEvent
-from radixkv.events import END_SEQ, encode_batch, to_wire
+from radixkv.kvevents.wire import END_SEQ, encode_batch, to_wire
 from radixkv.validate import choice, int_at_least, optional_str, positive_int
 
 log = logging.getLogger(__name__)

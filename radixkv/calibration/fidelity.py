@@ -16,8 +16,8 @@ from radixkv.config import CacheConfig, EngineConfig
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.engine.metrics import EngineReport
 from radixkv.sched.request import Request
-from radixkv.sim.profile import ProfiledCostModel
 from radixkv.sim.executor import SimExecutor
+from radixkv.sim.profile import ProfiledCostModel
 
 METRICS = ("ttft_p50", "ttft_p90", "e2e_p50", "e2e_p90", "makespan_s")
 EXTRA = ("busy_s",)      # the executor's total step time: the plainest test of the step model

@@ -11,8 +11,9 @@ from radixkv.cache.events import KVEvent, chain_hash
 from radixkv.cache.nocache import NoCache
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
-from radixkv.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVIndex,
-                            decode_batch, encode_batch, page_hashes, to_wire)
+from radixkv.kvevents.index import KVIndex
+from radixkv.kvevents.wire import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch,
+                                   decode_batch, encode_batch, page_hashes, to_wire)
 
 from tests.cache._helpers import key, toks
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
-from radixkv.sim.costmodel import CostModel
 from radixkv.engine.clients import ClosedLoop
 from radixkv.engine.engine import Engine, request_from_trace
-from radixkv.sim.executor import SimExecutor
 from radixkv.engine.metrics import EngineReport
-from radixkv.sim.oracle import FutureOracle
 from radixkv.sched.request import Request
+from radixkv.sim.costmodel import CostModel
+from radixkv.sim.executor import SimExecutor
+from radixkv.sim.oracle import FutureOracle
 
 
 def build_requests(workload) -> list[Request]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from radixkv.plot import _bar_panel, _pyplot, _save, config_colors
+from radixkv.plots.style import bar_panel, config_colors, pyplot, save
 from radixkv.router.results import ClusterResult
 
 PANELS = (("hit_rate", "pct", "hit rate"), ("ttft_p50", "s", "TTFT p50"),
@@ -14,7 +14,7 @@ PANELS = (("hit_rate", "pct", "hit rate"), ("ttft_p50", "s", "TTFT p50"),
 
 
 def plot_cluster(results: Sequence[ClusterResult], path: str | Path, title: str) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     colors = config_colors(len(results))
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 1.6 + 0.45 * len(results)))
     for i, (ax, (key, kind, name)) in enumerate(zip(axes, PANELS)):
@@ -30,11 +30,11 @@ def plot_cluster(results: Sequence[ClusterResult], path: str | Path, title: str)
                             va="center", fontsize=8)
             ax.set_title(name, fontsize=10)
         else:
-            _bar_panel(ax, values, kind, colors, name)
+            bar_panel(ax, values, kind, colors, name)
         ax.set_yticks(range(len(results)))
         ax.set_yticklabels([r.router for r in results] if i == 0 else [], fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    out = _save(fig, path)
+    out = save(fig, path)
     plt.close(fig)
     return out

@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from radixkv.plot import _plain_log_ticks, _pyplot, _save, config_colors
 from radixkv.planning.sweep import SweepRow, capacity_for
+from radixkv.plots.style import config_colors, plain_log_ticks, pyplot, save
 
 SHARES = (0.5, 0.8, 0.9)               # of the ceiling: the capacities annotated
 _MARKERS = {0.5: "o", 0.8: "s", 0.9: "D"}
@@ -64,7 +64,7 @@ def plot_sweep(rows: Sequence[SweepRow], path: str | Path, title: str = "",
                ceiling: float | None = None) -> Path:
     """The picture; `ceiling` is the unlimited cache's hit rate (default: the highest hit rate
     swept). The x axis is GiB of KV when every row has its bytes, else tokens; log scale."""
-    plt = _pyplot()
+    plt = pyplot()
     in_bytes = bool(rows) and all(r.capacity_bytes is not None for r in rows)
     curves = lines_of_rows(rows)
     if ceiling is None:
@@ -76,7 +76,7 @@ def plot_sweep(rows: Sequence[SweepRow], path: str | Path, title: str = "",
         _draw(ax, curves, need, first, ceiling, in_bytes)
         if title:
             ax.set_title(title, fontsize=11)
-        return _save(fig, path)
+        return save(fig, path)
     finally:
         plt.close(fig)
 
@@ -113,7 +113,7 @@ def _draw(ax, curves: dict[str, list[SweepRow]], need: dict, first: dict, ceilin
         lo, hi = min(xs_all), max(xs_all)
         if hi > lo:
             ax.set_xlim(lo / 1.15, hi * 1.15)
-            _plain_log_ticks(ax.xaxis, lo / 1.15, hi * 1.15)
+            plain_log_ticks(ax.xaxis, lo / 1.15, hi * 1.15)
     # from a round number under both the 50% guide and the lowest point: the curves use the
     # height, and the axis label says where it starts
     ys = [100 * r.hit_rate for rs in curves.values() for r in rs if r.hit_rate is not None]

@@ -1,0 +1,81 @@
+"""The block-hash cache's free queue (vLLM's free block queue, cached part): the blocks at ref
+count 0, in the order they got there, head first; the head is evicted first.
+
+Arrays, not a linked list of objects: `log` holds block ids in arrival order and `pos`, per block
+id, the index of that block's live entry in `log` (-1: not queued). An entry is live while `pos`
+of its block points at it, so taking a block off the queue (a request locks it) only stales its
+entry; popping skips stale entries, and the log is compacted when it fills.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_EMPTY = np.zeros(0, np.int64)
+
+
+class FreeQueue:
+    def __init__(self, num_ids: int = 1024):
+        self.pos = np.full(num_ids, -1, np.int64)     # per block id: its live entry; -1: none
+        self.reset()
+
+    def reset(self) -> None:
+        self.pos.fill(-1)
+        self.log = np.zeros(1024, np.int64)
+        self.head = self.tail = self.n = 0            # live entries lie in [head, tail); n of them
+
+    def __len__(self) -> int:
+        return self.n
+
+    def grow(self, num_ids: int) -> None:
+        """Cover block ids up to num_ids - 1."""
+        if num_ids > len(self.pos):
+            self.pos = np.concatenate([self.pos, np.full(num_ids - len(self.pos), -1, np.int64)])
+
+    def push(self, ids: np.ndarray) -> None:
+        """Append blocks (none queued) to the tail, in order."""
+        k, t = len(ids), self.tail
+        if t + k > len(self.log):                     # compact; grow when half full
+            live = self.ids()
+            self.log = np.zeros(max(len(self.log), 2 * (len(live) + k)), np.int64)
+            self.log[:len(live)] = live
+            self.pos[live] = np.arange(len(live))
+            self.head, t = 0, len(live)
+        self.log[t:t + k] = ids
+        self.pos[ids] = np.arange(t, t + k)
+        self.tail, self.n = t + k, self.n + k
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Take queued blocks off the queue (their entries go stale)."""
+        self.pos[ids] = -1
+        self.n -= len(ids)
+
+    def pop(self, k: int) -> np.ndarray:
+        """Up to k blocks from the head, in order."""
+        out = []
+        while k and self.n:                           # the head's live entries
+            h = self.head
+            seg = self.log[h:min(self.tail, h + max(2 * k, 256))]
+            live = np.flatnonzero(self.pos[seg] == np.arange(h, h + len(seg)))[:k]
+            self.head = h + (int(live[-1]) + 1 if len(live) == k else len(seg))
+            out.append(seg[live])
+            self.pos[out[-1]] = -1
+            self.n -= len(live)
+            k -= len(live)
+        return np.concatenate(out) if out else _EMPTY
+
+    def ids(self) -> np.ndarray:
+        """The queued blocks, head first."""
+        h, t = self.head, self.tail
+        return self.log[h:t][self.pos[self.log[h:t]] == np.arange(h, t)]
+
+    def check(self, cached: np.ndarray, free: np.ndarray, uncached: np.ndarray) -> None:
+        """The queue holds exactly `free` (of the `cached` block ids), each once; no `uncached`
+        id (a boolean mask) has an entry."""
+        assert (self.pos[uncached] == -1).all(), "an uncached block id has a queue entry"
+        q = cached[self.pos[cached] != -1]
+        pos = self.pos[q]
+        assert ((pos >= self.head) & (pos < self.tail)).all() and (self.log[pos] == q).all(), \
+            "a queue position points at no entry of its block"
+        assert q.tolist() == free.tolist(), \
+            "free queue is not exactly the cached blocks with ref_cnt 0"
+        assert len(q) == self.n == len(self.ids()), f"free count {self.n} is off"
