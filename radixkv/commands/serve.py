@@ -64,7 +64,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--kv-events-config", metavar="JSON",
                    help="KV cache events, with vLLM's keys, e.g. '{\"enable_kv_cache_events\": "
                         "true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", "
-                        "\"replay_endpoint\": \"tcp://127.0.0.1:5558\", \"topic\": \"kv\"}'")
+                        "\"replay_endpoint\": \"tcp://127.0.0.1:5558\", \"topic\": \"kv\"}'; "
+                        "\"encoding\": \"array\" sends the older positional events instead of "
+                        "vLLM's current tagged maps")
     g.add_argument("--api-keys", metavar="FILE",
                    help="JSON {\"keys\": {KEY: TENANT, ...}, \"shared_namespace\": NAME}: "
                         "requests need a key; each tenant's prefixes live in its own namespace")

@@ -22,7 +22,7 @@ from itertools import count
 import zmq
 
 from radixkv.cache.events import KVEvent
-from radixkv.kvevents.wire import END_SEQ, encode_batch, to_wire
+from radixkv.kvevents.wire import END_SEQ, ENCODINGS, check_encoding, encode_batch, to_wire
 from radixkv.validate import choice, int_at_least, optional_str, positive_int
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,9 @@ def _endpoint(v, what: str) -> str:
 
 @dataclass(frozen=True)
 class KVEventsConfig:
-    """vLLM's KV events configuration; a TCP endpoint binds loopback unless told otherwise."""
+    """vLLM's KV events configuration; a TCP endpoint binds loopback unless told otherwise.
+    `encoding` is radixkv's own key: "map" (vLLM's current tagged-map events, the default) or
+    "array" (the older positional events that llm-d's adapter and Dynamo's docs read)."""
     enable_kv_cache_events: bool = False
     publisher: str = "null"
     endpoint: str = "tcp://127.0.0.1:5557"
@@ -49,6 +51,7 @@ class KVEventsConfig:
     hwm: int = 100_000
     max_queue_size: int = 100_000
     topic: str = ""
+    encoding: str = "map"
 
     def __post_init__(self):
         if not isinstance(self.enable_kv_cache_events, bool):
@@ -68,6 +71,10 @@ class KVEventsConfig:
             positive_int(getattr(self, name), f"KVEventsConfig.{name}")
         if not isinstance(self.topic, str):
             raise ValueError(f"KVEventsConfig.topic must be a str, got {self.topic!r}")
+        try:
+            choice(self.encoding, "encoding", ENCODINGS)
+        except ValueError as e:
+            raise ValueError(f"KVEventsConfig.encoding: {e}") from None
 
     @classmethod
     def from_json(cls, text: str) -> KVEventsConfig:
@@ -124,8 +131,9 @@ class ZmqEventPublisher:
     def __init__(self, block_size: int, endpoint: str = "tcp://127.0.0.1:5557",
                  replay_endpoint: str | None = None, buffer_steps: int = 10_000,
                  hwm: int = 100_000, max_queue_size: int = 100_000, topic: str = "",
-                 dp_rank: int = 0):
+                 dp_rank: int = 0, encoding: str = "map"):
         self.block_size = positive_int(block_size, "block_size")
+        self.encoding = check_encoding(encoding)
         self.dp_rank = int_at_least(dp_rank, "dp_rank")
         if not isinstance(topic, str):
             raise ValueError(f"topic must be a str, got {topic!r}")
@@ -224,7 +232,7 @@ class ZmqEventPublisher:
                     break
                 ts, wire = item
                 seq = next(self._seq)
-                payload = encode_batch(ts, wire, self.dp_rank)
+                payload = encode_batch(ts, wire, self.dp_rank, self.encoding)
                 self._pub.send_multipart([self._topic, seq.to_bytes(8, "big"), payload])
                 self._buffer.append((seq, payload))
                 self._sent = seq + 1
@@ -254,4 +262,4 @@ def make_publisher(config: KVEventsConfig, block_size: int,
         return NullPublisher()
     return ZmqEventPublisher(block_size, config.endpoint, config.replay_endpoint,
                              config.buffer_steps, config.hwm, config.max_queue_size,
-                             config.topic, dp_rank)
+                             config.topic, dp_rank, config.encoding)

@@ -1,10 +1,16 @@
-"""KV cache events on the wire, in vLLM's format.
+"""KV cache events on the wire, in vLLM's format, in both of its encodings.
 
-Wire types: msgspec Structs laid out as vLLM's `vllm/distributed/kv_events.py` lays them out
-(array-like, tagged): a batch is `[ts, [event, ...], data_parallel_rank]` and an event is
-`["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]`,
-`["BlockRemoved", block_hashes, medium]` or `["AllBlocksCleared"]`. `to_wire` turns a cache's
-per-page `KVEvent`s into these; `page_hashes` computes the hashes a router computes for a prompt.
+A batch is positional in both: `[ts, [event, ...], data_parallel_rank]`. The events are
+- "map" (the default: vLLM 0.33's `vllm/distributed/kv_events.py`): tagged maps, the required
+  fields in vLLM's order and the optional ones omitted: `{"type": "BlockStored", "block_hashes",
+  "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}`,
+  `{"type": "BlockRemoved", "block_hashes", "medium"}`, `{"type": "AllBlocksCleared"}`;
+- "array" (older vLLM releases, and the consumers that read them): positional, tagged:
+  `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]`,
+  `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`.
+The structs below are the events as radixkv holds them (their own layout is the array one);
+`decode_batch` reads either encoding. `to_wire` turns a cache's per-page `KVEvent`s into these;
+`page_hashes` computes the hashes a router computes for a prompt.
 Messages are `[topic, 8-byte big-endian seq, payload]` (kvevents/publisher.py sends them,
 kvevents/index.py reads them).
 """
@@ -21,6 +27,7 @@ from radixkv.validate import positive_int
 
 MEDIUM_GPU = "GPU"
 END_SEQ = -1                        # the replay socket's end-of-stream marker
+ENCODINGS = ("map", "array")        # vLLM's current event encoding first (the default)
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -56,8 +63,57 @@ class KVEventBatch(EventBatch):
 
 
 WireEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+# ---- the map encoding: vLLM 0.33's event structs (block hashes may be bytes there) ----------
+class _MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class _MapStored(_MapEvent, tag="BlockStored"):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+
+
+class _MapRemoved(_MapEvent, tag="BlockRemoved"):
+    block_hashes: list[int | bytes]
+    medium: str | None
+
+
+class _MapCleared(_MapEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class _MapBatch(EventBatch):
+    events: list[_MapStored | _MapRemoved | _MapCleared]
+
+
+def _to_map(e: WireEvent) -> _MapEvent:
+    if isinstance(e, BlockStored):
+        return _MapStored(e.block_hashes, e.parent_block_hash, e.token_ids, e.block_size,
+                          e.lora_id, e.medium, None)
+    if isinstance(e, BlockRemoved):
+        return _MapRemoved(e.block_hashes, e.medium)
+    return _MapCleared()
+
+
+def _from_map(e: _MapEvent) -> WireEvent:
+    if isinstance(e, _MapStored):
+        return BlockStored(e.block_hashes, e.parent_block_hash, e.token_ids, e.block_size,
+                           e.lora_id, e.medium)
+    if isinstance(e, _MapRemoved):
+        return BlockRemoved(e.block_hashes, e.medium)
+    return AllBlocksCleared()
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(KVEventBatch)
+_map_decoder = msgspec.msgpack.Decoder(_MapBatch)
 
 
 def to_wire(events: Iterable[KVEvent], block_size: int) -> list[WireEvent]:
@@ -90,13 +146,29 @@ def to_wire(events: Iterable[KVEvent], block_size: int) -> list[WireEvent]:
     return out
 
 
-def encode_batch(ts: float, events: Sequence[WireEvent], dp_rank: int | None = None) -> bytes:
-    """The msgpack payload of one batch."""
-    return _encoder.encode(KVEventBatch(float(ts), list(events), dp_rank))
+def check_encoding(encoding: str) -> str:
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown KV event encoding {encoding!r}; valid: {', '.join(ENCODINGS)}")
+    return encoding
+
+
+def encode_batch(ts: float, events: Sequence[WireEvent], dp_rank: int | None = None,
+                 encoding: str = "map") -> bytes:
+    """The msgpack payload of one batch, its events in `encoding` ("map": vLLM's current
+    tagged maps; "array": the older positional events)."""
+    if check_encoding(encoding) == "array":
+        return _encoder.encode(KVEventBatch(float(ts), list(events), dp_rank))
+    return _encoder.encode(_MapBatch(float(ts), [_to_map(e) for e in events], dp_rank))
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:
-    """A batch from its msgpack payload; raises ValueError on a malformed one."""
+    """A batch from its msgpack payload, in either encoding; raises ValueError on a malformed
+    one (an event neither vLLM's current map nor the older array, or a batch mixing them)."""
+    try:
+        b = _map_decoder.decode(payload)
+        return KVEventBatch(b.ts, [_from_map(e) for e in b.events], b.data_parallel_rank)
+    except msgspec.DecodeError:
+        pass
     try:
         return _decoder.decode(payload)
     except msgspec.DecodeError as e:

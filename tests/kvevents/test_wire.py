@@ -26,10 +26,10 @@ def stored(h, parent, tokens):
     return KVEvent("stored", h, parent, tuple(tokens))
 
 
-def test_batch_layout_is_vllms_positional_layout():
+def test_batch_layout_is_vllms_older_positional_layout():
     events = [BlockStored([11, 12], None, toks(0, 8), 4, None, "GPU"),
               BlockRemoved([12], "GPU"), AllBlocksCleared()]
-    payload = encode_batch(1.5, events, 0)
+    payload = encode_batch(1.5, events, 0, encoding="array")
     assert raw(payload) == [1.5, [["BlockStored", [11, 12], None, toks(0, 8), 4, None, "GPU"],
                                   ["BlockRemoved", [12], "GPU"], ["AllBlocksCleared"]], 0]
     assert raw(encode_batch(2.0, [], None)) == [2.0, [], None]  # array-like: every field is sent
@@ -162,3 +162,69 @@ def test_index_without_sockets_refuses_network_calls():
     with pytest.raises(ValueError, match="needs a replay endpoint"):
         index.catch_up()
     index.close()                                        # nothing to close: no error
+
+
+# ---- vLLM's current encoding: tagged-map events in a positional batch ------------------------
+def test_the_default_encoding_is_vllms_tagged_maps_in_a_positional_batch():
+    events = [BlockStored([11, 12], None, toks(0, 8), 4, None, "GPU"),
+              BlockRemoved([12], "GPU"), AllBlocksCleared()]
+    payload = encode_batch(1.5, events, 0)
+    assert raw(payload) == [1.5, [
+        {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None,
+         "token_ids": toks(0, 8), "block_size": 4, "lora_id": None, "medium": "GPU",
+         "lora_name": None},
+        {"type": "BlockRemoved", "block_hashes": [12], "medium": "GPU"},
+        {"type": "AllBlocksCleared"}], 0]
+    assert list(raw(payload)[1][0]) == ["type", "block_hashes", "parent_block_hash", "token_ids",
+                                        "block_size", "lora_id", "medium", "lora_name"]
+    assert decode_batch(payload) == decode_batch(encode_batch(1.5, events, 0, encoding="array"))
+    assert decode_batch(payload) == KVEventBatch(1.5, events, 0)
+
+
+def test_vllms_own_structs_decode_the_default_encoding_and_refuse_the_older_one():
+    from tests.kvevents import vllm_structs as V
+    events = [BlockStored([2**64 - 1, 7], 3, toks(0, 8), 4, None, "GPU"),
+              BlockRemoved([7], "GPU"), AllBlocksCleared()]
+    got = V.DECODER.decode(encode_batch(2.5, events, 1))
+    assert got == V.KVEventBatch(2.5, [
+        V.BlockStored([2**64 - 1, 7], 3, toks(0, 8), 4, None, "GPU", None),
+        V.BlockRemoved([7], "GPU"), V.AllBlocksCleared()], 1)
+    with pytest.raises(msgspec.ValidationError, match=r"Expected `object`, got `array` - at `\$\[1\]\[0\]`"):
+        V.DECODER.decode(encode_batch(2.5, events, 1, encoding="array"))
+
+
+def test_a_vllm_stream_decodes_bytes_hashes_and_optional_fields_included():
+    from tests.kvevents import vllm_structs as V
+    sent = V.KVEventBatch(3.0, [
+        V.BlockStored([b"\x01" * 32], None, [1, 2], 2, None, "GPU", "adapter",
+                      extra_keys=[("salt",)], group_idx=0, kv_cache_spec_kind="full"),
+        V.BlockRemoved([b"\x01" * 32], "GPU", group_idx=0)], None)
+    batch = decode_batch(msgspec.msgpack.encode(sent))
+    assert batch.events == [BlockStored([b"\x01" * 32], None, [1, 2], 2, None, "GPU"),
+                            BlockRemoved([b"\x01" * 32], "GPU")]
+    index = KVIndex()
+    index.apply(0, KVEventBatch(3.0, batch.events[:1]))
+    assert b"\x01" * 32 in index and len(index) == 1
+    index.apply(1, KVEventBatch(3.0, batch.events[1:]))
+    assert len(index) == 0
+
+
+def test_kvindex_reads_both_encodings_to_the_same_pages():
+    c, pool = RadixCache(4, enable_events=True), SlotPool(64, 4)
+    for seq in (toks(0, 12), toks(0, 4) + toks(40, 8)):
+        c.insert(key(seq), pool.alloc(len(seq)))
+    wire = to_wire(c.take_events(), 4)
+    by_map, by_array = KVIndex(), KVIndex()
+    by_map.apply(0, decode_batch(encode_batch(0.0, wire)))
+    by_array.apply(0, decode_batch(encode_batch(0.0, wire, encoding="array")))
+    hashes = page_hashes(toks(0, 12), (None, None), 4)
+    assert by_map.prefix_match(hashes) == by_array.prefix_match(hashes) == 3
+    assert by_map.prefix_match(page_hashes(toks(0, 4) + toks(40, 8), (None, None), 4)) == 3
+    assert by_map.hashes() == by_array.hashes() and len(by_map) == 5
+
+
+def test_a_mixed_or_unknown_encoding_is_refused():
+    with pytest.raises(ValueError, match="malformed KV event batch"):
+        decode_batch(msgspec.msgpack.encode([1.0, [["AllBlocksCleared"], {"type": "AllBlocksCleared"}]]))
+    with pytest.raises(ValueError, match="unknown KV event encoding 'json'; valid: map, array"):
+        encode_batch(0.0, [], encoding="json")

@@ -17,7 +17,7 @@ from radixkv.cache.manager import CacheManager
 from radixkv.cache.pool import SlotPool
 from radixkv.config import CacheConfig
 from radixkv.kvevents.index import KVIndex
-from radixkv.kvevents.wire import page_hashes, to_wire
+from radixkv.kvevents.wire import encode_batch, page_hashes, to_wire
 from radixkv.kvevents.publisher import (KVEventsConfig, NullPublisher, ZmqEventPublisher,
                                    make_publisher, offset_port)
 
@@ -180,7 +180,8 @@ def test_frames_are_topic_seq_and_a_vllm_batch():
         events = driver.published[int.from_bytes(seq, "big")]
         ts, wire, rank = msgspec.msgpack.decode(payload)
         assert rank == 0 and abs(ts - time.time()) < 60
-        assert wire == [msgspec.msgpack.decode(msgspec.msgpack.encode(e)) for e in to_wire(events, PAGE)]
+        assert payload == encode_batch(ts, to_wire(events, PAGE), 0)         # vLLM's tagged maps
+        assert wire[0]["type"] in ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
 
 def test_close_flushes_then_refuses_and_is_idempotent():
@@ -249,6 +250,33 @@ def test_config_from_vllm_json():
                                  5, 100_000, 100_000, "kv")
     assert KVEventsConfig.from_json("{}") == KVEventsConfig()
     assert KVEventsConfig().endpoint == "tcp://127.0.0.1:5557"
+    assert KVEventsConfig().encoding == "map"
+    assert KVEventsConfig.from_json('{"encoding": "array"}').encoding == "array"
+
+
+@pytest.mark.parametrize("kind", ["radix", "blockhash"])
+def test_the_older_positional_encoding_on_request(kind):
+    cfg = KVEventsConfig(True, "zmq", FREE, FREE, encoding="array")
+    with make_publisher(cfg, PAGE) as pub:
+        driver = Driver(kind, pub, seed=6)
+        driver.run(25)
+        until(lambda: pub.sent == len(driver.published), "the publisher to send")
+        replay = zmq.Context.instance().socket(zmq.DEALER)
+        replay.setsockopt(zmq.LINGER, 0)
+        replay.connect(pub.replay_endpoint)
+        try:
+            replay.send_multipart([b"", (0).to_bytes(8, "big")])
+            assert replay.poll(5000)
+            _, seq, payload = replay.recv_multipart()
+        finally:
+            replay.close()
+        ts, wire, rank = msgspec.msgpack.decode(payload)
+        assert wire == [msgspec.msgpack.decode(msgspec.msgpack.encode(e))      # positional
+                        for e in to_wire(driver.published[int.from_bytes(seq, "big")], PAGE)]
+        assert all(isinstance(e, list) for e in wire) and rank == 0
+        with KVIndex.connect(pub.endpoint, pub.replay_endpoint) as index:
+            assert index.catch_up() == len(driver.published)
+            agrees(index, driver)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -256,7 +284,7 @@ def test_config_from_vllm_json():
     ('[1, 2]', "KV events config must be a JSON object, got '\\[1, 2\\]'"),
     ('{"endpoints": "tcp://127.0.0.1:1"}',
      "unknown KV events config key 'endpoints'; valid: enable_kv_cache_events, publisher, "
-     "endpoint, replay_endpoint, buffer_steps, hwm, max_queue_size, topic"),
+     "endpoint, replay_endpoint, buffer_steps, hwm, max_queue_size, topic, encoding"),
     ('{"enable_kv_cache_events": "yes"}',
      "KVEventsConfig.enable_kv_cache_events must be true or false, got 'yes'"),
     ('{"publisher": "kafka"}', "KVEventsConfig.publisher: unknown publisher 'kafka'; valid: null, zmq"),
@@ -267,6 +295,7 @@ def test_config_from_vllm_json():
     ('{"hwm": "10"}', "KVEventsConfig.hwm must be a positive int, got '10'"),
     ('{"max_queue_size": true}', "KVEventsConfig.max_queue_size must be a positive int, got True"),
     ('{"topic": null}', "KVEventsConfig.topic must be a str, got None"),
+    ('{"encoding": "json"}', "KVEventsConfig.encoding: unknown encoding 'json'; valid: map, array"),
 ])
 def test_bad_config_json_names_the_key(text, message):
     with pytest.raises(ValueError, match=message):
