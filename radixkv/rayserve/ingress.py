@@ -28,7 +28,7 @@ from radixkv.config import EngineConfig
 from radixkv.kvevents.publisher import KVEventsConfig
 from radixkv.rayserve.replica import HUB_NAMESPACE, EngineReplica, EventHub, hub_named
 from radixkv.server import protocol as P
-from radixkv.server.app import APIError, prompt_ids
+from radixkv.server.state import APIError, prompt_ids
 from radixkv.server.build import ServeOptions, load_text
 from radixkv.server.launch import bind
 from radixkv.server.tenants import AuthError

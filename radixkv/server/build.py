@@ -14,7 +14,7 @@ from radixkv import __version__
 from radixkv.config import EngineConfig
 from radixkv.engine.engine import Engine
 from radixkv.kvevents.publisher import KVEventsConfig, make_publisher
-from radixkv.server.app import ServerState
+from radixkv.server.state import ServerState
 from radixkv.server.metrics import ServerMetrics
 from radixkv.server.tenants import Tenants
 from radixkv.server.text import ChatTemplate
@@ -98,14 +98,19 @@ def sim_cost(opts: ServeOptions):
     return CostModel.named(opts.model, opts.gpu, tp=opts.tp)
 
 
+def tokenizer_path(opts: ServeOptions) -> str | None:
+    """--tokenizer, else the checkpoint's tokenizer.json, else None (bytes)."""
+    if opts.tokenizer is None and Path(opts.model).is_dir() and \
+            (Path(opts.model) / "tokenizer.json").is_file():
+        return str(Path(opts.model) / "tokenizer.json")
+    return opts.tokenizer
+
+
 def load_text(opts: ServeOptions) -> tuple[Any, ChatTemplate]:
     """The tokenizer (--tokenizer, else the checkpoint's, else bytes) and chat template."""
     from radixkv.model.tokenizer import load_tokenizer  # no torch needed
 
-    tok_path = opts.tokenizer
-    if tok_path is None and Path(opts.model).is_dir() and (Path(opts.model) / "tokenizer.json").is_file():
-        tok_path = str(Path(opts.model) / "tokenizer.json")
-    tokenizer = load_tokenizer(tok_path)
+    tokenizer = load_tokenizer(tokenizer_path(opts))
     model_dir = opts.model if Path(opts.model).is_dir() else None
     return tokenizer, ChatTemplate.for_model(tokenizer, model_dir)
 
@@ -129,6 +134,9 @@ def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = Non
     max_len = min(opts.max_model_len or margs.max_seq_len, margs.max_seq_len)
     engine = Engine(cfg, cfg.cache.build(), ex)
     metrics = ServerMetrics(opts.name) if opts.enable_metrics else None
+    if metrics is not None:
+        metrics.cache_config(cfg.cache.page_size, cfg.kv_capacity // cfg.cache.page_size,
+                             cfg.cache.hash_algo, cfg.cache.kind != "none")
     publisher = make_publisher(opts.kv_events, cfg.cache.page_size) if events_on else None
     worker = EngineWorker(engine, pace=opts.executor == "sim", metrics=metrics, publisher=publisher)
     state = ServerState(
@@ -150,6 +158,8 @@ def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = Non
         "kv_capacity": cfg.kv_capacity, "cache": cfg.cache.label,
         "cache_enabled": cache_off is None, "cache_disabled_reason": cache_off,
         "chat_template": state.template.name,
+        "tokenizer": {"kind": "huggingface" if tokenizer_path(opts) else "bytes",
+                      "path": tokenizer_path(opts), "vocab_size": tokenizer.vocab_size},
         "tenants": len(opts.tenants.keys), "shared_namespace": opts.tenants.shared_namespace,
         "allow_client_cache_salt": opts.allow_client_cache_salt,
         "metrics": opts.enable_metrics,

@@ -88,11 +88,24 @@ class ServerMetrics:
         self.e2e.observe(e2e)
         self.queue.observe(queue)
 
-    def step(self, running: int, waiting: int, usage: float, evicted: int, retractions: int) -> None:
+    def cache_config(self, block_size: int, num_blocks: int, hash_algo: str,
+                     prefix_caching: bool) -> None:
+        """vLLM's `vllm:cache_config_info`: a gauge at 1 whose labels are the cache's
+        configuration (what llm-d reads a worker's block size and block count from)."""
+        info = {"block_size": str(block_size), "num_gpu_blocks": str(num_blocks),
+                "num_cpu_blocks": "None", "enable_prefix_caching": str(prefix_caching),
+                "prefix_caching_hash_algo": hash_algo, "cache_dtype": "auto", "engine": "0"}
+        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info),
+              registry=self.registry).labels(**info).set(1)
+
+    def gauges(self, running: int, waiting: int, usage: float) -> None:
+        """The engine's state now: set after every change (admission, step, abort, flush)."""
         for g, v in ((self.running, running), (self.s_running, running),
                      (self.waiting, waiting), (self.s_queue, waiting),
                      (self.usage, usage), (self.s_usage, usage)):
             g.set(v)
+
+    def step(self, evicted: int, retractions: int) -> None:
         if evicted:
             self.evicted.inc(evicted)
         if retractions:

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16      # OpenAI's documented default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 128           # SGLang's default max_new_tokens
@@ -37,6 +37,7 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     cache_scope: Literal["tenant", "shared"] = "tenant"
+    return_cached_tokens_details: bool = False            # SGLang's: sglext.cached_tokens_details
     user: str | None = None
     # refused when set to anything but their no-op values
     n: int = 1
@@ -109,9 +110,80 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens or self.max_tokens
 
 
+# ---- vLLM's tokenizer endpoints and SGLang's native /generate -----------------------------------
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a `prompt`, or chat `messages` rendered with the server's template."""
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool | None = None      # vLLM: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        if self.messages is not None and not self.add_generation_prompt:
+            raise ValueError("add_generation_prompt=false is not supported: the server's chat "
+                             "template always opens the assistant's turn")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int] = Field(max_length=1_000_000)
+
+
+class SGLangSampling(BaseModel):
+    """SGLang's sampling_params, as far as radixkv samples (unknown keys ignored, as SGLang's
+    clients send many)."""
+    model_config = ConfigDict(extra="ignore")
+    max_new_tokens: int = Field(default=CHAT_DEFAULT_MAX_TOKENS, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+
+
+class GenerateRequest(BaseModel):
+    """SGLang's native /generate: `text` or `input_ids`, `sampling_params`, `stream`."""
+    model_config = ConfigDict(extra="ignore")
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: SGLangSampling = Field(default_factory=SGLangSampling)
+    stream: bool = False
+    return_cached_tokens_details: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "GenerateRequest":
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text and input_ids")
+        return self
+
+    def as_completion(self) -> CompletionRequest:
+        """The same request as /v1/completions takes it (one set of checks for both)."""
+        sp = self.sampling_params
+        return CompletionRequest(
+            prompt=self.text if self.text is not None else self.input_ids,
+            max_tokens=sp.max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
+            top_k=sp.top_k, ignore_eos=sp.ignore_eos, stop_token_ids=sp.stop_token_ids or [],
+            stop=sp.stop, n=sp.n, return_cached_tokens_details=self.return_cached_tokens_details)
+
+
 # ---- responses ---------------------------------------------------------------------------------
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sglext(cached: int, host: int) -> dict:
+    """SGLang's extension of a response: the cached prompt tokens by where they were found."""
+    return {"cached_tokens_details": {"device": cached - host, "host": host}}
 
 
 def usage(prompt: int, completion: int, cached: int) -> dict:

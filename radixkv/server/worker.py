@@ -124,12 +124,15 @@ class EngineWorker:
             self._close_all("error" if self.error else "abort")
 
     def _drain(self) -> None:
-        eng = self.engine
+        eng, drained = self.engine, False
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
+                if drained:              # an arrival, abort or call changed what the gauges show
+                    self._gauges()
                 return
+            drained = True
             kind = item[0]
             if kind == "add":
                 _, req, deliver = item
@@ -184,11 +187,17 @@ class EngineWorker:
         self._finished.clear()
         self._publish()
         if m is not None:
-            sch, pool = eng.sched, eng.pool
-            in_use = pool.used() - eng.cache.evictable_size()
-            m.step(sch.num_admitted, len(sch.waiting), in_use / max(pool.num_slots, 1), evicted, retracted)
+            m.step(evicted, retracted)
+            self._gauges()
         if eng.steps % FORGET_EVERY == 0:
             eng.forget_finished()
+
+    def _gauges(self) -> None:
+        eng, m = self.engine, self.metrics
+        if m is not None:
+            sch, pool = eng.sched, eng.pool
+            in_use = pool.used() - eng.cache.evictable_size()
+            m.gauges(sch.num_admitted, len(sch.waiting), in_use / max(pool.num_slots, 1))
 
     def _publish(self) -> None:
         if self.publisher is not None:

@@ -134,7 +134,7 @@ def test_regression_delivery_to_a_closed_loop_does_not_raise():
     call_soon_threadsafe then raises RuntimeError, which used to end the engine thread."""
     import asyncio
 
-    from radixkv.server.app import deliver_to
+    from radixkv.server.state import deliver_to
     from radixkv.server.worker import Update
     loop = asyncio.new_event_loop()
     q: asyncio.Queue = asyncio.Queue()
@@ -215,7 +215,7 @@ def test_regression_host_tier_with_the_real_model_serves():
 def test_a_chats_turn_is_the_replies_it_holds(tiny):
     # what the reuse eviction order learns from; a completion has no turn
     from starlette.requests import Request as HTTPRequest
-    from radixkv.server.app import _make_request
+    from radixkv.server.state import make_request as _make_request
     from radixkv.server.protocol import ChatCompletionRequest, CompletionRequest
     _, state = tiny
     raw = HTTPRequest({"type": "http", "headers": []})
