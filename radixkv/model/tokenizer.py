@@ -18,12 +18,21 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-    """UTF-8 bytes are ids 0..255; bos=256, eos=257, pad=258 (vocab 259, as tiny-llama)."""
+    """UTF-8 bytes are ids 0..255; bos=256, eos=257, pad=258 (vocab 259, as tiny-llama). A model
+    with a larger vocabulary keeps its size: ids 259.. are reserved tokens, written
+    `<|reserved_N|>`, which text never encodes to (what `radixkv tokenizer` exports)."""
 
-    vocab_size = 259
     bos_id = 256
     eos_id = 257
     pad_id = 258
+    BYTES_AND_SPECIALS = 259
+
+    def __init__(self, vocab_size: int = BYTES_AND_SPECIALS):
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or \
+                vocab_size < self.BYTES_AND_SPECIALS:
+            raise ValueError(f"a byte tokenizer's vocabulary holds at least "
+                             f"{self.BYTES_AND_SPECIALS} ids, got {vocab_size!r}")
+        self.vocab_size = vocab_size
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         if not isinstance(text, str):
@@ -32,19 +41,21 @@ class ByteTokenizer:
         return [self.bos_id, *ids] if add_bos else ids
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
-        """Bytes to text (invalid UTF-8 becomes U+FFFD); specials dropped or shown as <bos> etc."""
+        """Bytes to text (invalid UTF-8 becomes U+FFFD); specials dropped or shown as <bos> etc.;
+        a reserved id as its name."""
         names = {self.bos_id: "<bos>", self.eos_id: "<eos>", self.pad_id: "<pad>"}
         out, buf = [], bytearray()
         for i in ids:
             i = int(i)
             if 0 <= i < 256:
                 buf.append(i)
-            elif i in names:
-                if not skip_special:
-                    out.append(buf.decode("utf-8", errors="replace") + names[i])
-                    buf = bytearray()
-            else:
+                continue
+            if i in names and skip_special:
+                continue
+            if not (0 <= i < self.vocab_size):
                 raise ValueError(f"token id {i} is outside the byte vocabulary [0, {self.vocab_size})")
+            out.append(buf.decode("utf-8", errors="replace") + names.get(i, f"<|reserved_{i}|>"))
+            buf = bytearray()
         out.append(buf.decode("utf-8", errors="replace"))
         return "".join(out)
 
@@ -103,10 +114,11 @@ class HFTokenizer:
         return self._tok.decode(ids, skip_special_tokens=skip_special)
 
 
-def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
-    """None -> ByteTokenizer; otherwise a tokenizer.json file or a directory holding one."""
+def load_tokenizer(path: str | Path | None = None, vocab_size: int | None = None) -> Tokenizer:
+    """None -> ByteTokenizer (of `vocab_size` ids, at least its own 259); otherwise a
+    tokenizer.json file or a directory holding one."""
     if path is None:
-        return ByteTokenizer()
+        return ByteTokenizer(max(vocab_size or 0, ByteTokenizer.BYTES_AND_SPECIALS))
     if not Path(path).exists():
         raise FileNotFoundError(f"tokenizer path {str(path)!r} does not exist")
     return HFTokenizer(path)

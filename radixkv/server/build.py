@@ -106,11 +106,12 @@ def tokenizer_path(opts: ServeOptions) -> str | None:
     return opts.tokenizer
 
 
-def load_text(opts: ServeOptions) -> tuple[Any, ChatTemplate]:
-    """The tokenizer (--tokenizer, else the checkpoint's, else bytes) and chat template."""
+def load_text(opts: ServeOptions, vocab_size: int | None = None) -> tuple[Any, ChatTemplate]:
+    """The tokenizer (--tokenizer, else the checkpoint's, else bytes: as many ids as the model's
+    vocabulary, `vocab_size`) and chat template."""
     from radixkv.model.tokenizer import load_tokenizer  # no torch needed
 
-    tokenizer = load_tokenizer(tokenizer_path(opts))
+    tokenizer = load_tokenizer(tokenizer_path(opts), vocab_size)
     model_dir = opts.model if Path(opts.model).is_dir() else None
     return tokenizer, ChatTemplate.for_model(tokenizer, model_dir)
 
@@ -123,14 +124,15 @@ def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = Non
     events_on = opts.kv_events.enable_kv_cache_events and cfg.cache.kind != "none"
     if events_on:
         cfg = cfg.with_(cache=dataclasses.replace(cfg.cache, enable_events=True))
-    tokenizer, template = load_text(opts)
     if opts.executor == "sim":
         from radixkv.sim.executor import SimExecutor
         cost = cost or sim_cost(opts)
-        ex = SimExecutor(cost, output_ids=[i for i in tokenizer.encode(SIM_OUTPUT.decode())])
         margs, make_sampling = cost.model_spec.model, None
+        tokenizer, template = load_text(opts, margs.vocab_size)
+        ex = SimExecutor(cost, output_ids=[i for i in tokenizer.encode(SIM_OUTPUT.decode())])
     else:
         ex, margs, make_sampling = _torch_parts(opts, cfg)
+        tokenizer, template = load_text(opts, margs.vocab_size)
     max_len = min(opts.max_model_len or margs.max_seq_len, margs.max_seq_len)
     engine = Engine(cfg, cfg.cache.build(), ex)
     metrics = ServerMetrics(opts.name) if opts.enable_metrics else None

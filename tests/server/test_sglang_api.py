@@ -32,7 +32,8 @@ def test_model_and_server_info_under_sglangs_keys(sim):
         assert (s["model_path"], s["served_model_name"], s["page_size"], s["max_total_num_tokens"],
                 s["max_running_requests"], s["context_length"]) == \
             ("llama-3-8b", "llama-3-8b", 1, 8192, 256, 8192)
-        assert s["tokenizer"] == {"kind": "bytes", "path": None, "vocab_size": 259}
+        assert s["tokenizer"] == {"kind": "bytes", "path": None, "vocab_size": 128256}
+        assert s["vocab_size"] == 128256           # the model's, which its tokenizer covers
     internal = httpx.get(f"{url}/get_server_info").json()["internal_states"][0]
     assert (internal["num_running_reqs"], internal["num_waiting_reqs"]) == (0, 0)
 
