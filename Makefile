@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test load install bench clean
+.PHONY: run test load interop install bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,12 @@ test: $(STAMP)
 # the 60-second server load run (200 streaming clients, a tenth hanging up), kept out of `test`
 load: $(STAMP)
 	$(BIN)/python -m pytest -q -s -m slow tests/server/test_load.py
+
+# the peers' own tools (routers, benchmark clients) against radixkv serve, each installed into a
+# venv of its own under .interop/ (kept between runs)
+interop: $(STAMP)
+	$(BIN)/python tests/interop/install.py
+	$(BIN)/python -m pytest -q -m interop tests/interop
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cache.py

@@ -21,8 +21,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from radixkv.sched.request import Request
 from radixkv.server import protocol as P
 from radixkv.server.sglang_api import add_sglang_routes, sglang_keys
-from radixkv.server.state import (APIError, ServerState, deliver_to, error_response, flush,
-                                  make_request, tenant_of)
+from radixkv.server.state import (APIError, ServerState, deliver_to, error_response,
+                                  make_request, reset_cache, tenant_of)
 from radixkv.server.tenants import AuthError
 from radixkv.server.text import Detokenizer
 from radixkv.server.vllm_api import add_vllm_routes
@@ -103,7 +103,7 @@ def build_app(state: ServerState) -> FastAPI:
             state.tenants.check_admin(raw.headers.get("authorization"))
         except AuthError as e:
             return error_response(403, str(e), "permission_error")
-        ok = await asyncio.wrap_future(state.worker.call(flush))
+        ok = await reset_cache(state)
         if not ok:
             return error_response(400, "cannot flush the cache while requests are running or waiting")
         return {"message": "cache flushed"}

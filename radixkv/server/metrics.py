@@ -45,6 +45,8 @@ class ServerMetrics:
         self.success = counter("vllm:request_success", "Requests finished")
         self.aborted = counter("radixkv_aborted_requests", "Requests aborted (client gone)")
         self.evicted = counter("radixkv_evicted_tokens", "KV tokens evicted from the prefix cache")
+        self.resets = counter("radixkv_cache_resets",
+                              "Prefix cache resets (/flush_cache, /reset_prefix_cache)")
         self.retractions = counter("radixkv_retractions",
                                    "Running requests retracted under memory pressure")
         self.running = gauge("vllm:num_requests_running", "Requests running (prefill or decode)")

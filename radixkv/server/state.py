@@ -55,6 +55,14 @@ def flush(eng) -> bool:
     return True
 
 
+async def reset_cache(state: ServerState) -> bool:
+    """Drop the prefix cache between steps (False while requests run or wait); counted."""
+    ok = await asyncio.wrap_future(state.worker.call(flush))
+    if ok and state.metrics is not None:
+        state.metrics.resets.inc()
+    return ok
+
+
 def tenant_of(state: ServerState, raw: HTTPRequest) -> str | None:
     try:
         return state.tenants.tenant_of(raw.headers.get("authorization"))

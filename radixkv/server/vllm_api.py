@@ -14,15 +14,14 @@
 """
 from __future__ import annotations
 
-import asyncio
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import Response
 
 from radixkv import __version__
 from radixkv.server import protocol as P
-from radixkv.server.state import (APIError, ServerState, check_model, flush, make_request,
-                                  prompt_ids, tenant_of)
+from radixkv.server.state import (APIError, ServerState, check_model, make_request,
+                                  prompt_ids, reset_cache, tenant_of)
 from radixkv.server.tenants import AuthError
 
 
@@ -67,7 +66,7 @@ def add_vllm_routes(app: FastAPI, state: ServerState) -> None:
             state.tenants.check_admin(raw.headers.get("authorization"))
         except AuthError as e:
             raise APIError(403, str(e), "permission_error") from None
-        if not await asyncio.wrap_future(state.worker.call(flush)):
+        if not await reset_cache(state):
             raise APIError(400, "cannot reset the prefix cache while requests are running or "
                                 "waiting")
         return Response(status_code=200)
