@@ -1,6 +1,6 @@
 """The interop tests: the peers' own tools against `radixkv serve --executor sim` on 127.0.0.1.
-Every test here is marked `interop` (run by `make interop`, not `make test`) and skips, naming
-the tool, when that tool's venv is not installed."""
+Every test module here is marked `interop` (run by `make interop`, not `make test`); a test skips,
+naming the tool, when that tool's venv is not installed."""
 from __future__ import annotations
 
 import contextlib
@@ -21,13 +21,6 @@ from radixkv.cli import main
 from tests.interop.peers import PEERS, installed, program
 
 MODEL = "llama-3-8b"
-
-
-def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.interop)
 
 
 def tool(name: str) -> str:

@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from tests.interop.conftest import MODEL, counter, tool, workers
+
+pytestmark = pytest.mark.interop
 
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 PROMPT_TOKENS, DONE = "vllm:prompt_tokens_total", "vllm:request_success_total"

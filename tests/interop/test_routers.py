@@ -11,6 +11,8 @@ import pytest
 
 from tests.interop.conftest import MODEL, counter, free_port, running, tool, workers
 
+pytestmark = pytest.mark.interop
+
 PREFIX = "You are the support agent of a parcel company. Answer in one short sentence. " * 12
 BURST = 30
 

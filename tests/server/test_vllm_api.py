@@ -158,3 +158,51 @@ def test_reset_prefix_cache_needs_the_operator_key_with_tenants(tmp_path):
         assert post(url, "/tokenize", {"prompt": "a"}).status_code == 401
         assert httpx.post(f"{url}/tokenize", json={"prompt": "a"},
                           headers={"authorization": "Bearer sk-a"}).status_code == 200
+
+
+@pytest.mark.parametrize("cache", ["radix", "blockhash"])
+def test_a_vllm_subscriber_rebuilds_exactly_the_trees_pages(cache):
+    """Every batch of a whole run (replayed from seq 0) decodes with vLLM's own structs, and the
+    pages they leave held are the cache's pages, evictions included."""
+    from radixkv.config import CacheConfig
+    events = KVEventsConfig(True, "zmq", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+    page = 1 if cache == "radix" else 16
+    with running_server(executor="sim", model="llama-3-8b", kv_capacity=1024, kv_events=events,
+                        cache=CacheConfig(cache, page)) as (url, state):
+        c = client(url)
+        for i in range(12):                       # shared prefixes, branches, and evictions
+            prompt = list(range(100, 100 + 48 * (i % 3 + 1))) + [i] * (40 + 7 * i)
+            c.completions.create(model="llama-3-8b", prompt=prompt, max_tokens=3)
+        wait_idle(state)
+        httpx.post(f"{url}/reset_prefix_cache")
+        c.completions.create(model="llama-3-8b", prompt=list(range(500, 600)), max_tokens=3)
+        wait_idle(state)
+        replay = zmq.Context.instance().socket(zmq.DEALER)
+        replay.setsockopt(zmq.LINGER, 0)
+        replay.connect(state.info["kv_events"]["replay_endpoint"])
+        held: dict = {}
+        kinds = set()
+        try:
+            replay.send_multipart([b"", (0).to_bytes(8, "big")])
+            while True:
+                assert replay.poll(5000), "the replay socket went quiet"
+                _, seq, payload = replay.recv_multipart()
+                if int.from_bytes(seq, "big", signed=True) == -1:
+                    break
+                for e in V.DECODER.decode(payload).events:        # raises on any bad batch
+                    kinds.add(type(e).__name__)
+                    if isinstance(e, V.BlockStored):
+                        for h in e.block_hashes:
+                            held[h] = held.get(h, 0) + 1
+                    elif isinstance(e, V.BlockRemoved):
+                        for h in e.block_hashes:
+                            held[h] -= 1
+                            if not held[h]:
+                                del held[h]
+                    else:
+                        held.clear()
+        finally:
+            replay.close()
+        assert kinds == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
+        assert set(held) == on_engine(state, lambda e: e.cache.page_hashes())
+        check_clean(state)
