@@ -22,6 +22,7 @@ the package itself, which holds only `__version__`, is open to all). Read bottom
     plots/              pictures
     server/             the HTTP server; never a router, the commands or the cli
     rayserve/           the server's replicas on Ray Serve, the routers as its RequestRouter
+    gateway/            `radixkv route`: the routers in front of any OpenAI-compatible fleet
     bench/              the HTTP load client and experiments on running servers: speaks HTTP,
                         never the engine or the server's code
     commands/, cli      the command line, over everything
@@ -66,9 +67,11 @@ ROOMS: dict[str, set[str]] = {
                "shapes", "env"} | _CORE,
     "rayserve": {"server", "router", "kvevents", "engine", "sched", "cache", "config", "sim",
                  "shapes"} | _CORE,
+    "gateway": {"router", "kvevents", "model", "server", "sim", "cache", "sched", "engine",
+                "config", "shapes"} | _CORE,
     "bench": {"workloads", "shapes"} | _CORE,
     "commands": {"bench", "cache", "calibration", "config", "engine", "kvevents", "model",
-                 "offline", "planning", "plots", "rayserve", "router", "sched", "server",
+                 "offline", "planning", "plots", "rayserve", "router", "sched", "server", "gateway",
                  "shapes", "sim", "workloads", "env"} | _CORE,
     "cli": {"commands"},
 }

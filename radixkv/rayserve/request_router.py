@@ -11,10 +11,8 @@ replica index, mapped to Ray's replica by the replica's rank. The chosen replica
 first rank, the others its fallback (Ray sends to a replica of a rank that has room).
 `on_request_routed` tells the router (`on_route`) where the request went.
 
-A replica's view is what the front end knows at once plus what the replica last published,
-as in the simulator: the requests routed to it and not finished (waiting = those − running),
-their prompt tokens not prefilled yet and their output budgets; running and KV slots used from
-the replica's figures.
+A replica's view (radixkv.router.inflight) is what the front end knows at once plus what the
+replica last published, as in the simulator.
 """
 from __future__ import annotations
 
@@ -29,7 +27,8 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 from radixkv.config import EngineConfig
 from radixkv.kvevents.wire import AllBlocksCleared, KVEventBatch, decode_batch
 from radixkv.rayserve.replica import hub_named
-from radixkv.router import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext, make_router
+from radixkv.router import ROUTERS, RequestInfo, Router, RouterContext, make_router
+from radixkv.router.inflight import InFlight
 from radixkv.server.build import ServeOptions
 from radixkv.sim.costmodel import CostModel
 from radixkv.sim.specs import MODEL_SPECS
@@ -80,11 +79,7 @@ class RouterAdapter(RequestRouter):
         self.cursor = 0
         self.ranks: dict[str, int] = {}                  # Ray replica id -> router index
         self.figures = [{} for _ in range(self.n)]
-        self.infos: dict[str, tuple[int, RequestInfo]] = {}      # routed, not finished
-        self.prefilling: set[str] = set()
-        self.held = [0] * self.n
-        self.unprefilled = [0] * self.n
-        self.budget = [0] * self.n
+        self.inflight = InFlight(self.n)
         self.pending: dict[str, RequestInfo] = {}        # chosen for, not yet routed
         self.t0 = time.monotonic()
         self.lock = asyncio.Lock()
@@ -123,41 +118,20 @@ class RouterAdapter(RequestRouter):
         for u in gone:
             del self.ranks[u]
         if gone:                              # its requests will never report: finish them
-            for rid in [rid for rid, (i, _) in self.infos.items() if i == rank]:
+            for rid in self.inflight.on(rank):
                 self.finished(rid)
             self.router.on_events(rank, KVEventBatch(time.time(), [AllBlocksCleared()]))
         self.ranks[uid] = rank
 
-    def _prefilled(self, rid: str) -> bool:
-        """`rid`'s prompt stops counting as unprefilled; False if it already had."""
-        if rid not in self.prefilling:
-            return False
-        self.prefilling.discard(rid)
-        i, info = self.infos[rid]
-        self.unprefilled[i] -= info.prompt_len
-        return True
-
     def first_output(self, rid: str) -> None:
-        if self._prefilled(rid):
-            self.router.on_first_token(*self.infos[rid])
+        got = self.inflight.first_output(rid)
+        if got is not None:
+            self.router.on_first_token(*got)
 
     def finished(self, rid: str) -> None:
-        if rid not in self.infos:
-            return
-        self._prefilled(rid)
-        i, info = self.infos.pop(rid)
-        self.held[i] -= 1
-        self.budget[i] -= info.max_new_tokens
-        self.router.on_finish(i, info)
-
-    def views(self) -> list[ReplicaView]:
-        out = []
-        for i in range(self.n):
-            f = self.figures[i]
-            running = min(f.get("running", 0), self.held[i])
-            out.append(ReplicaView(self.held[i] - running, running, self.unprefilled[i],
-                                   self.budget[i], f.get("kv_used", 0), f.get("kv_capacity", 0)))
-        return out
+        got = self.inflight.finished(rid)
+        if got is not None:
+            self.router.on_finish(*got)
 
     # ---- Ray Serve's hooks --------------------------------------------------------------------
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
@@ -178,7 +152,7 @@ class RouterAdapter(RequestRouter):
         while len(self.pending) > PENDING_KEPT:         # chosen for, then cancelled
             del self.pending[next(iter(self.pending))]
         try:
-            chosen = by_index[self.router.route(info, self.views())]
+            chosen = by_index[self.router.route(info, self.inflight.views(self.figures))]
         except Exception:                   # a router bug must not strand the request
             log.exception("router %r failed; Ray Serve chooses this request's replica",
                           self.router.name)
@@ -192,8 +166,4 @@ class RouterAdapter(RequestRouter):
         if info is None or i is None:
             return
         self.router.on_route(i, info)
-        self.infos[info.rid] = (i, info)
-        self.prefilling.add(info.rid)
-        self.held[i] += 1
-        self.unprefilled[i] += info.prompt_len
-        self.budget[i] += info.max_new_tokens
+        self.inflight.sent(i, info)

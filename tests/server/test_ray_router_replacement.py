@@ -15,6 +15,7 @@ from radixkv.cache.radix import RadixCache
 from radixkv.kvevents.wire import encode_batch, to_wire
 from radixkv.rayserve.request_router import RouterAdapter, build_router
 from radixkv.router.base import RequestInfo
+from radixkv.router.inflight import InFlight
 
 
 class _Remote:
@@ -41,8 +42,7 @@ def adapter(hub: FakeHub) -> RouterAdapter:
                               "hash_algo": "sha256", "seed": 0, "prefill_chunk": 8192,
                               "model": "llama-3-8b", "gpu": "h100-sxm"})
     ad.n, ad.hub, ad.cursor, ad.ranks = 2, hub, 0, {}
-    ad.figures, ad.infos, ad.prefilling, ad.pending = [{}, {}], {}, set(), {}
-    ad.held, ad.unprefilled, ad.budget = [0, 0], [0, 0], [0, 0]
+    ad.figures, ad.inflight, ad.pending = [{}, {}], InFlight(2), {}
     ad.t0, ad.lock = time.monotonic(), asyncio.Lock()
     return ad
 
@@ -53,7 +53,7 @@ def test_regression_a_replaced_replica_keeps_its_successors_pages():
     hub.reps = {"A": {"rank": 0}, "B": {"rank": 1}}
     asyncio.run(ad.sync())
     info = RequestInfo("r1", list(range(40)), max_new_tokens=8)
-    ad.infos["r1"], ad.held[0], ad.budget[0] = (0, info), 1, 8      # in flight on A
+    ad.inflight.sent(0, info)                     # in flight on A
     hub.reps["C"] = {"rank": 0}                   # A died; C took rank 0; A is still listed
     cache = RadixCache(4, enable_events=True)
     cache.insert(list(range(16)), np.arange(16))
@@ -63,4 +63,5 @@ def test_regression_a_replaced_replica_keeps_its_successors_pages():
     assert ad.ranks == {"B": 1, "C": 0}
     hashes = ad.router.page_hashes(RequestInfo("q", list(range(16))))
     assert ad.router.index.indexes[0].prefix_match(hashes) == 4
-    assert ad.held[0] == 0 and ad.budget[0] == 0 and "r1" not in ad.infos
+    f = ad.inflight
+    assert f.held[0] == 0 and f.budget[0] == 0 and f.unprefilled[0] == 0 and "r1" not in f.infos

@@ -1,0 +1,89 @@
+"""`radixkv route`: the cache-aware gateway in front of any OpenAI-compatible fleet (radixkv,
+vLLM or SGLang workers), with any router of `radixkv cluster` (radixkv.gateway)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from radixkv.router import ROUTERS
+from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "route", help="a cache-aware gateway in front of OpenAI-compatible workers",
+        description="Proxy /v1/completions and /v1/chat/completions (streamed as they arrive) "
+                    "to the worker a router of `radixkv cluster` picks, from the workers' KV "
+                    "events (--kv-events) or, without them, from what the gateway sent; serve "
+                    "/v1/models, /health, /metrics and /workers (GET, POST, DELETE /workers/URL).")
+    p.add_argument("--worker-urls", nargs="+", required=True, metavar="URL",
+                   help="the workers' base URLs")
+    p.add_argument("--router", default="radixkv", choices=ROUTERS.names(), metavar="NAME",
+                   help=f"{', '.join(ROUTERS.names())} (default: radixkv)")
+    p.add_argument("--kv-events", action="append", default=[], metavar="URL=tcp://H:P[,tcp://H:P]",
+                   help="a worker's KV event PUB socket and, optionally, its replay socket "
+                        "(repeatable; vLLM's current or older encoding)")
+    p.add_argument("--tokenizer", metavar="DIR",
+                   help="tokenize locally with the workers' tokenizer (default: ask the workers' "
+                        "/tokenize)")
+    p.add_argument("--model", metavar="NAME",
+                   help=f"the radixkv router's step cost: the served model "
+                        f"({', '.join(sorted(MODEL_SPECS))})")
+    p.add_argument("--gpu", default="h100-sxm", choices=sorted(GPU_SPECS), metavar="NAME",
+                   help="the workers' GPU for that step cost (default: h100-sxm)")
+    p.add_argument("--profile", type=Path, metavar="FILE",
+                   help="price steps with a `radixkv calibrate` profile instead")
+    p.add_argument("--approx-ttl", type=float, default=120.0, metavar="S",
+                   help="without KV events: seconds a sent prefix counts as held (default: 120)")
+    p.add_argument("--health-interval", type=float, default=2.0, metavar="S",
+                   help="seconds between health checks of each worker (default: 2)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="randomised routers (default: 0)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port; 0 picks a free one (default: 30000)")
+    p.add_argument("--log-level", default="warning",
+                   choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=run)
+
+
+def build(args: argparse.Namespace):
+    """The gateway's app from the command line (every input checked before anything starts)."""
+    from radixkv.gateway.core import Routing
+    from radixkv.gateway.proxy import Gateway, build_gateway_app, parse_events_value
+    from radixkv.gateway.tokens import Tokens
+
+    events = {}
+    for spec in args.kv_events:
+        url, sep, where = spec.partition("=")
+        if not sep or url.rstrip("/") not in [u.rstrip("/") for u in args.worker_urls]:
+            raise ValueError(f"--kv-events {spec!r}: expected URL=tcp://HOST:PORT with URL one of "
+                             f"--worker-urls")
+        events[url.rstrip("/")] = parse_events_value(where)
+    if not args.approx_ttl > 0:
+        raise ValueError(f"--approx-ttl {args.approx_ttl!r} is not a positive number of seconds")
+    cost = None
+    if args.profile is not None:
+        from radixkv.sim.profile import load_profile
+        cost = load_profile(args.profile).cost_model()
+    elif args.model is not None:
+        from radixkv.sim.costmodel import CostModel
+        cost = CostModel.named(args.model, args.gpu)
+    elif args.router == "radixkv":
+        raise ValueError("--router radixkv prices each worker's queue: give --model NAME (and "
+                         "--gpu) or --profile FILE")
+    routing = Routing(args.router, events=events, cost=cost, seed=args.seed,
+                      sent_ttl=args.approx_ttl)
+    tokens = Tokens(args.tokenizer)
+    return build_gateway_app(Gateway(args.worker_urls, routing, tokens,
+                                     health_interval=args.health_interval))
+
+
+def run(args: argparse.Namespace) -> int:
+    from radixkv.server.launch import bind, serve_forever, url_of
+
+    app = build(args)
+    sock = bind(args.host, args.port)
+    print(f"radixkv route: listening on {url_of(sock)}", flush=True)
+    serve_forever(app, sock, args.log_level)
+    print("radixkv route: stopped", flush=True)
+    return 0

@@ -1,0 +1,130 @@
+"""The gateway's routing state: its workers, one router of `radixkv cluster` (the same objects as
+the simulator and Ray Serve) over them, what is in flight on each (router/inflight.py), and
+what each holds (feeds.py), behind one lock (the event threads and the HTTP loop both reach it).
+
+A worker out of the rotation keeps its index but is never chosen; its pages are forgotten
+(AllBlocksCleared) when it leaves. A change of the fleet (`add`, `remove`) builds the router
+afresh over the new list. When the router picks a worker that is out of the rotation, and for a
+retry, the next best is the healthy worker with the least work in flight.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import NamedTuple
+
+from radixkv.kvevents.index import KVIndex
+from radixkv.kvevents.wire import AllBlocksCleared, EventBatch, KVEventBatch, page_hashes
+from radixkv.router import ROUTERS, RequestInfo, RouterContext, make_router
+from radixkv.router.base import StepCost
+from radixkv.router.inflight import InFlight
+from radixkv.gateway.feeds import EventFeed, SentFeed
+from radixkv.gateway.workers import Worker
+
+
+class EventSource(NamedTuple):
+    endpoint: str
+    replay: str | None = None
+
+
+class Routing:
+    def __init__(self, router: str, *, events: dict[str, EventSource] | None = None,
+                 cost: StepCost | None = None, seed: int = 0, prefill_chunk: int = 8192,
+                 sent_ttl: float = 120.0, hash_algo: str = "sha256"):
+        if router not in ROUTERS:
+            raise ValueError(f"--router {router!r} is unknown; known: {', '.join(ROUTERS.names())}")
+        self.router_name, self.events = router, dict(events or {})
+        self.cost, self.seed, self.prefill_chunk = cost, seed, prefill_chunk
+        self.sent_ttl, self.hash_algo = sent_ttl, hash_algo
+        self.lock = threading.RLock()
+        self.workers: list[Worker] = []
+        self.feeds: list = []
+        self.indexes: list[KVIndex] = []          # the gateway's own view, for its prediction
+        self.router = None
+        self.inflight = InFlight(0)
+        self.page_size = 1
+
+    # ---- the fleet ----------------------------------------------------------------------------
+    def build(self, workers: list[Worker]) -> None:
+        """Route over `workers` from now on (a fresh router: nothing is known of them yet)."""
+        with self.lock:
+            for f in self.feeds:
+                if f is not None:
+                    f.close()
+            self.workers = list(workers)
+            sizes = {w.page_size for w in workers if w.page_size}
+            if len(sizes) > 1:
+                raise ValueError(f"workers differ in page size ({sorted(sizes)}): a prefix "
+                                 f"cached on one is hashed differently on another")
+            self.page_size = sizes.pop() if sizes else 1
+            n = max(len(workers), 1)
+            ctx = RouterContext(n, self.page_size, self.hash_algo, self.seed, self.cost,
+                                self.prefill_chunk)
+            self.router = make_router(self.router_name, ctx)
+            self.inflight = InFlight(n)
+            self.indexes = [KVIndex() for _ in range(n)]
+            self._seq = [0] * n
+            self.feeds = [self._feed(i, w) for i, w in enumerate(workers)]
+
+    def _feed(self, i: int, w: Worker):
+        def sink(batch: EventBatch, i=i, feeds_of=self.workers) -> None:
+            if feeds_of is self.workers:          # a feed of an older fleet is dropped
+                self.on_events(i, batch)
+        if w.url in self.events:
+            src = self.events[w.url]
+            return EventFeed(src.endpoint, src.replay, sink)
+        return SentFeed(self.page_size, sink, self.sent_ttl)
+
+    def close(self) -> None:
+        self.build([])
+
+    def on_events(self, i: int, batch: EventBatch) -> None:
+        with self.lock:
+            self.router.on_events(i, batch)
+            self._seq[i] += 1
+            self.indexes[i].apply(self._seq[i], batch)
+
+    def forget(self, i: int) -> None:
+        """Worker i left the rotation: what it held is forgotten."""
+        self.on_events(i, KVEventBatch(time.time(), [AllBlocksCleared()]))
+
+    # ---- a request ----------------------------------------------------------------------------
+    def choose(self, info: RequestInfo, exclude: frozenset[int] = frozenset()) -> int | None:
+        """The worker for `info`, or None when no healthy worker is left."""
+        with self.lock:
+            views = self.inflight.views([w.figures for w in self.workers])
+            ok = [i for i, w in enumerate(self.workers) if w.healthy and i not in exclude]
+            if not ok:
+                return None
+            if not exclude:                        # a retry takes the next best, as it is
+                i = self.router.route(info, views)
+                if i in ok:
+                    return i
+            return min(ok, key=lambda j: (views[j].queue_len, views[j].prefill_tokens, j))
+
+    def predicted(self, i: int, info: RequestInfo) -> int:
+        """The prompt tokens worker i holds by what the gateway knows (its events, or what it
+        sent), in whole pages."""
+        with self.lock:
+            hashes = page_hashes(info.tokens, info.namespace, self.page_size, self.hash_algo)
+            return self.indexes[i].prefix_match(hashes) * self.page_size
+
+    def sent(self, i: int, info: RequestInfo) -> None:
+        with self.lock:
+            self.router.on_route(i, info)
+            self.inflight.sent(i, info)
+            feed = self.feeds[i]
+            if isinstance(feed, SentFeed):
+                feed.sent(info.tokens, info.namespace)
+
+    def first_output(self, rid: str) -> None:
+        with self.lock:
+            got = self.inflight.first_output(rid)
+            if got is not None:
+                self.router.on_first_token(*got)
+
+    def finished(self, rid: str) -> None:
+        with self.lock:
+            got = self.inflight.finished(rid)
+            if got is not None:
+                self.router.on_finish(*got)

@@ -1,0 +1,107 @@
+"""What the gateway knows a worker holds.
+
+`EventFeed`: the worker's KV events (vLLM's current tagged-map encoding or the older positional
+one), read on a thread of its own from its ZMQ PUB socket, sequence gaps repaired through its
+replay socket when given, each batch handed to `sink(batch)` in order. A worker that restarts
+(its sequence starts again from 0) is followed from there, its old pages forgotten.
+
+`SentFeed`: without events, an approximate index of what the gateway itself sent, as Dynamo's
+`--no-kv-events` keeps: every prompt's whole pages count as stored on the worker it went to,
+and leave after `ttl` seconds unless sent again.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from radixkv.kvevents.index import KVIndex
+from radixkv.kvevents.wire import (AllBlocksCleared, BlockRemoved, BlockStored, EventBatch,
+                                   KVEventBatch, page_hashes)
+
+log = logging.getLogger(__name__)
+Sink = Callable[[EventBatch], None]
+
+
+class _Forwarding(KVIndex):
+    """A KVIndex that hands every batch it applies to `sink` (set after `connect`)."""
+    sink: Sink | None = None
+
+    def _step(self, seq: int, batch: EventBatch) -> bool:
+        if self.sink is not None:
+            self.sink(batch)
+        return super()._step(seq, batch)
+
+
+class EventFeed:
+    def __init__(self, endpoint: str, replay_endpoint: str | None, sink: Sink, topic: str = ""):
+        self.endpoint, self.replay_endpoint, self.topic = endpoint, replay_endpoint, topic
+        self.sink = sink
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"kv-events {endpoint}")
+        self.batches = 0
+        self._thread.start()
+
+    def _count(self, batch: EventBatch) -> None:
+        self.batches += 1
+        self.sink(batch)
+
+    def _run(self) -> None:
+        index = _Forwarding.connect(self.endpoint, self.replay_endpoint, self.topic)
+        index.sink = self._count
+        try:
+            if self.replay_endpoint is not None:
+                index.catch_up(1000)                  # what it published before we came
+            while not self._stop.is_set():
+                msg = index.receive(100)
+                if msg is None:
+                    continue
+                seq, payload = msg
+                if seq < index.last_seq:              # the worker restarted: a new sequence
+                    log.info("KV events of %s restarted at seq %d", self.endpoint, seq)
+                    self._count(KVEventBatch(time.time(), [AllBlocksCleared()]))
+                    index.last_seq = seq - 1
+                try:
+                    index.handle(seq, payload)
+                except ValueError as e:               # a malformed batch: skipped, logged
+                    log.warning("KV events of %s: %s", self.endpoint, e)
+        finally:
+            index.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class SentFeed:
+    def __init__(self, page_size: int, sink: Sink, ttl: float = 120.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.page_size, self.sink, self.ttl, self.clock = page_size, sink, ttl, clock
+        self._expiry: dict[int, float] = {}           # page hash -> when it is forgotten
+
+    def sent(self, tokens, namespace: tuple) -> None:
+        self.expire()
+        hashes = page_hashes(tokens, namespace, self.page_size)
+        new = [h for h in hashes if h not in self._expiry]
+        until = self.clock() + self.ttl
+        for h in hashes:
+            self._expiry[h] = until
+        if new:
+            # the new pages chain from the last page already held (or from nothing)
+            first = hashes.index(new[0])
+            parent = hashes[first - 1] if first else None
+            self.sink(KVEventBatch(time.time(), [BlockStored(
+                new, parent, list(tokens[first * self.page_size:len(hashes) * self.page_size]),
+                self.page_size, None, "GPU")]))
+
+    def expire(self) -> None:
+        now = self.clock()
+        gone = [h for h, t in self._expiry.items() if t <= now]
+        for h in gone:
+            del self._expiry[h]
+        if gone:
+            self.sink(KVEventBatch(time.time(), [BlockRemoved(gone, "GPU")]))
+
+    def close(self) -> None:
+        self._expiry.clear()

@@ -1,0 +1,294 @@
+"""The gateway's HTTP side: a streaming proxy for `/v1/completions` and `/v1/chat/completions`
+(each request routed by `core.Routing`; server-sent events passed through as they arrive; a
+client that hangs up closes the upstream request, which the worker then aborts), `/v1/models`,
+`/health`, `/metrics` (the gateway's own), and the fleet at run time: `GET /workers`,
+`POST /workers` (`{"url": ..., "kv_events": "tcp://H:P[,tcp://H:P]"}`), `DELETE /workers/{url}`.
+
+Faults: a worker that refuses the connection, times out or answers 5xx before the first byte
+gets the request retried once on the next best worker; a failure after the first byte ends the
+stream with an error event. A worker's 4xx reaches the client unchanged.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from radixkv.gateway.core import EventSource, Routing
+from radixkv.gateway.metrics import GatewayMetrics
+from radixkv.gateway.tokens import TokenizeError, Tokens
+from radixkv.gateway.workers import Worker, check_health, discover, every, scrape
+from radixkv.router import RequestInfo
+
+_ids = itertools.count()
+DEFAULT_MAX_TOKENS = {False: 16, True: 128}           # what the OpenAI servers default to
+PASSED_HEADERS = ("authorization", "x-request-id")
+
+
+def _error(status: int, message: str, kind: str = "server_error") -> JSONResponse:
+    return JSONResponse({"object": "error", "error": {"message": message, "type": kind,
+                                                     "param": None, "code": status}}, status)
+
+
+class Gateway:
+    def __init__(self, urls: list[str], routing: Routing, tokens: Tokens, *,
+                 health_interval: float = 2.0, scrape_interval: float = 0.5,
+                 failures_to_leave: int = 2, timeout: float = 600.0):
+        if not urls:
+            raise ValueError("the gateway needs at least one worker URL")
+        self.urls, self.routing, self.tokens = [u.rstrip("/") for u in urls], routing, tokens
+        self.health_interval, self.scrape_interval = health_interval, scrape_interval
+        self.failures_to_leave = failures_to_leave
+        self.timeout = timeout
+        self.metrics = GatewayMetrics()
+        self.client: httpx.AsyncClient | None = None
+        self.tasks: list[asyncio.Task] = []
+
+    # ---- the fleet ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, connect=5.0),
+                                        limits=httpx.Limits(max_connections=4096,
+                                                            max_keepalive_connections=512))
+        workers = [Worker(u) for u in self.urls]
+        for w in workers:
+            await discover(self.client, w)
+        self._check_models(workers)
+        self.routing.build(workers)
+        self._count_healthy()
+        self.tasks = [asyncio.create_task(every(self.health_interval, self._health)),
+                      asyncio.create_task(every(self.scrape_interval, self._scrape))]
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        self.routing.close()
+        if self.client is not None:
+            await self.client.aclose()
+
+    @staticmethod
+    def _check_models(workers: list[Worker]) -> None:
+        models = {w.model for w in workers}
+        if len(models) > 1:
+            raise ValueError(f"the workers serve different models: {sorted(map(str, models))}")
+
+    async def add(self, url: str, events: EventSource | None) -> Worker:
+        url = url.rstrip("/")
+        if url in [w.url for w in self.routing.workers]:
+            raise ValueError(f"worker {url} is in the fleet already")
+        w = Worker(url)
+        await discover(self.client, w)
+        workers = self.routing.workers + [w]
+        self._check_models(workers)
+        if events is not None:
+            self.routing.events[url] = events
+        self.routing.build(workers)
+        self._count_healthy()
+        return w
+
+    def remove(self, url: str) -> None:
+        url = url.rstrip("/")
+        keep = [w for w in self.routing.workers if w.url != url]
+        if len(keep) == len(self.routing.workers):
+            raise KeyError(url)
+        self.routing.events.pop(url, None)
+        self.routing.build(keep)
+        self._count_healthy()
+
+    def _count_healthy(self) -> None:
+        ws = self.routing.workers
+        self.metrics.workers.set(len(ws))
+        self.metrics.healthy.set(sum(w.healthy for w in ws))
+
+    async def _health(self) -> None:
+        for i, w in enumerate(list(self.routing.workers)):
+            change = await check_health(self.client, w, self.failures_to_leave)
+            if change is True and w in self.routing.workers:
+                self.routing.forget(self.routing.workers.index(w))
+        self._count_healthy()
+
+    async def _scrape(self) -> None:
+        for w in list(self.routing.workers):
+            if w.healthy:
+                await scrape(self.client, w, self.scrape_interval)
+
+    # ---- a request ----------------------------------------------------------------------------
+    async def generate(self, raw: HTTPRequest, path: str, chat: bool):
+        try:
+            body = json.loads(await raw.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(400, f"the body is not valid JSON: {e}", "invalid_request_error")
+        if not isinstance(body, dict):
+            return _error(400, "the body must be a JSON object", "invalid_request_error")
+        ws = self.routing.workers
+        probe = next((w for w in ws if w.healthy), None)
+        if probe is None:
+            self.metrics.errors.labels("no_worker").inc()
+            return _error(503, "no healthy worker")
+        try:
+            tokens = await self.tokens.of(self.client, probe.url, body, chat)
+        except TokenizeError as e:
+            return Response(e.response.content, e.response.status_code,
+                            media_type=e.response.headers.get("content-type"))
+        except httpx.HTTPError as e:
+            self.metrics.errors.labels("tokenize").inc()
+            return _error(502, f"tokenizing on {probe.url} failed: {type(e).__name__}")
+        if not tokens:
+            return _error(400, "the prompt is empty", "invalid_request_error")
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        info = RequestInfo(f"route-{next(_ids)}", tokens, (None, body.get("cache_salt")),
+                           body.get("user"), time.monotonic(),
+                           limit if isinstance(limit, int) and limit > 0 else
+                           DEFAULT_MAX_TOKENS[chat])
+        headers = {k: v for k, v in raw.headers.items() if k.lower() in PASSED_HEADERS}
+        tried: set[int] = set()
+        while True:
+            t0 = time.perf_counter()
+            i = self.routing.choose(info, frozenset(tried))
+            self.metrics.decision.observe(time.perf_counter() - t0)
+            if i is None:
+                self.metrics.errors.labels("no_worker").inc()
+                return _error(503, "no healthy worker could take the request")
+            w = self.routing.workers[i]
+            self.metrics.predicted.inc(min(self.routing.predicted(i, info), len(tokens) - 1))
+            self.routing.sent(i, info)
+            self.metrics.requests.labels(w.url).inc()
+            try:
+                req = self.client.build_request("POST", f"{w.url}{path}", json=body,
+                                                headers=headers)
+                resp = await self.client.send(req, stream=True)
+            except httpx.HTTPError:
+                resp = None
+            if resp is not None and resp.status_code < 500:
+                break
+            if resp is not None:
+                await resp.aclose()
+            self.routing.finished(info.rid)
+            tried.add(i)
+            if len(tried) > 1:
+                self.metrics.errors.labels("upstream").inc()
+                return _error(502, f"the workers failed the request (last: {w.url})")
+            self.metrics.retries.inc()
+        if resp.status_code >= 400 or not body.get("stream"):
+            try:
+                content = await resp.aread()
+            finally:
+                await resp.aclose()
+                self.routing.finished(info.rid)
+            if resp.status_code == 200:
+                self._reported(content)
+            return Response(content, resp.status_code,
+                            media_type=resp.headers.get("content-type"))
+        return StreamingResponse(self._relay(resp, info), resp.status_code,
+                                 media_type=resp.headers.get("content-type", "text/event-stream"))
+
+    async def _relay(self, resp: httpx.Response, info: RequestInfo):
+        first, tail = True, b""
+        try:
+            try:
+                async for chunk in resp.aiter_raw():
+                    if first:
+                        first = False
+                        self.routing.first_output(info.rid)
+                    tail = (tail + chunk)[-4096:]
+                    yield chunk
+            except httpx.HTTPError as e:              # the worker failed after the first byte
+                self.metrics.errors.labels("midstream").inc()
+                err = {"error": {"message": f"the worker failed mid-stream: {type(e).__name__}",
+                                 "type": "server_error", "code": 502}}
+                yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+                return
+            self._reported(tail)
+        finally:
+            await resp.aclose()                       # a client gone: the worker aborts
+            self.routing.finished(info.rid)
+
+    def _reported(self, content: bytes) -> None:
+        """Count the cached tokens a worker reported in `usage` (the last usage in `content`)."""
+        text = content.decode("utf-8", errors="replace")
+        at = text.rfind('"cached_tokens":')
+        if at >= 0:
+            digits = "".join(itertools.takewhile(str.isdigit, text[at + 16:].lstrip()))
+            if digits:
+                self.metrics.reported.inc(int(digits))
+
+
+def build_gateway_app(gw: Gateway) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    app = FastAPI(title="radixkv route", lifespan=lifespan)
+    app.state.gateway = gw
+
+    @app.post("/v1/completions")
+    async def completions(raw: HTTPRequest):
+        return await gw.generate(raw, "/v1/completions", chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(raw: HTTPRequest):
+        return await gw.generate(raw, "/v1/chat/completions", chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        ws = gw.routing.workers
+        names = sorted({w.model for w in ws if w.model})
+        return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "radixkv"}
+                                           for m in names]}
+
+    @app.get("/health")
+    async def health():
+        if any(w.healthy for w in gw.routing.workers):
+            return Response(status_code=200)
+        return _error(503, "no healthy worker")
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/workers")
+    async def workers():
+        return {"router": gw.routing.router_name,
+                "workers": [w.describe() for w in gw.routing.workers]}
+
+    @app.post("/workers")
+    async def add_worker(raw: HTTPRequest):
+        try:
+            body = await raw.json()
+            url = body["url"]
+            events = parse_events_value(body["kv_events"]) if body.get("kv_events") else None
+            w = await gw.add(url, events)
+        except (ValueError, KeyError, TypeError) as e:
+            return _error(400, f"cannot add the worker: {e}", "invalid_request_error")
+        except httpx.HTTPError as e:
+            return _error(502, f"cannot reach the worker: {type(e).__name__}")
+        return w.describe()
+
+    @app.delete("/workers/{url:path}")
+    async def remove_worker(url: str):
+        try:
+            gw.remove(url)
+        except KeyError:
+            return _error(404, f"no worker {url} in the fleet", "not_found_error")
+        except ValueError as e:
+            return _error(400, str(e), "invalid_request_error")
+        return {"removed": url.rstrip("/")}
+
+    return app
+
+
+def parse_events_value(text: str) -> EventSource:
+    """`tcp://H:P` or `tcp://H:P,tcp://H:P` (the PUB socket, then the replay socket)."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not 1 <= len(parts) <= 2 or not all(p.startswith(("tcp://", "ipc://")) for p in parts):
+        raise ValueError(f"KV events {text!r}: expected tcp://HOST:PORT[,tcp://HOST:PORT]")
+    return EventSource(parts[0], parts[1] if len(parts) == 2 else None)

@@ -1,0 +1,244 @@
+"""`radixkv route` in front of radixkv sim workers on 127.0.0.1: where each request lands (each
+worker's own success counter), streaming passed through, the gateway's prediction against what
+the workers report, retries before the first byte, an error event after it, a worker's 4xx
+unchanged, hang-ups cancelling upstream, health checks and fleet changes at run time."""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from radixkv.cli import main
+from radixkv.gateway.core import EventSource, Routing
+from radixkv.gateway.proxy import Gateway, build_gateway_app
+from radixkv.gateway.tokens import Tokens
+from radixkv.kvevents.publisher import KVEventsConfig
+from radixkv.server.launch import ServerThread
+from radixkv.sim.costmodel import CostModel
+from tests.server._helpers import check_clean, metric, running_server, wait_idle
+
+MODEL = "llama-3-8b"
+PREFIX = "You are the support agent of a parcel company. Answer briefly. " * 16
+EVENTS = KVEventsConfig(True, "zmq", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+
+
+@contextlib.contextmanager
+def fleet(n: int = 2, events: bool = True):
+    with contextlib.ExitStack() as st:
+        yield [st.enter_context(running_server(executor="sim", model=MODEL, kv_capacity=20_000,
+                                               kv_events=EVENTS if events else KVEventsConfig()))
+               for _ in range(n)]
+
+
+def sources(ws) -> dict:
+    return {u: EventSource(s.info["kv_events"]["endpoint"], s.info["kv_events"]["replay_endpoint"])
+            for u, s in ws}
+
+
+@contextlib.contextmanager
+def gateway(urls, router: str, events=None, tokenizer=None, **kw):
+    gw = Gateway(urls, Routing(router, events=events, cost=CostModel.named(MODEL, "h100-sxm")),
+                 Tokens(tokenizer), **kw)
+    with ServerThread(build_gateway_app(gw)) as url:
+        yield url, gw
+
+
+def done(ws) -> list[int]:
+    return [int(metric(u, "vllm:request_success_total")) for u, _ in ws]
+
+
+def gw_metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def series(url: str, name: str) -> list[tuple[str, float]]:
+    """Every labelled series of `name` in the gateway's /metrics: (labels, value)."""
+    out = []
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name):].rsplit(" ", 1)
+            out.append((labels, float(value)))
+    return out
+
+
+def burst(url: str, n: int = 20, tag: str = "") -> list[int]:
+    cached = []
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for i in range(n):
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": f"{PREFIX}{tag} q{i}?",
+                                                "max_tokens": 3})
+            assert r.status_code == 200, r.text
+            cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+    return cached
+
+
+@pytest.mark.parametrize("router, events", [("radixkv", True), ("llm-d-precise", True),
+                                            ("llm-d-precise", False),
+                                            ("sglang-cache-aware", False)])
+def test_a_shared_prefix_burst_lands_on_one_worker(router, events):
+    with fleet(2, events) as ws:
+        with gateway([u for u, _ in ws], router, sources(ws) if events else None) as (url, _):
+            cached = burst(url)
+            assert sorted(done(ws)) == [0, 20]
+            assert cached[0] == 0 and min(cached[1:]) >= len(PREFIX.encode())
+            predicted = gw_metric(url, "radixkv_route_predicted_cached_tokens_total")
+            reported = gw_metric(url, "radixkv_route_reported_cached_tokens_total")
+            assert reported == sum(cached)
+            assert abs(predicted - reported) <= 20 * 0.1 * len(PREFIX)    # within 10 % each
+            per_worker = sorted(v for k, v in series(url, "radixkv_route_requests_total"))
+            assert per_worker == [20.0] and gw_metric(url, "radixkv_route_retries_total") == 0
+            assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == MODEL
+        for _, s in ws:
+            wait_idle(s)
+            check_clean(s)
+
+
+def test_round_robin_alternates_and_streams_pass_through():
+    with fleet(2, events=False) as ws, gateway([u for u, _ in ws], "round-robin") as (url, _):
+        burst(url, 10)
+        assert done(ws) == [5, 5]
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True},
+                "ignore_eos": True}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            via = [ln for ln in r.iter_lines() if ln]
+        with httpx.stream("POST", f"{ws[0][0]}/v1/chat/completions", json=body) as r:
+            direct = [ln for ln in r.iter_lines() if ln]
+        assert len(via) == len(direct) == 9 and via[-1] == direct[-1] == "data: [DONE]"
+        def same(lines):                # what does not depend on the request or the cache
+            out = [{k: v for k, v in json.loads(ln[6:]).items() if k not in ("id", "created")}
+                   for ln in lines[:-1]]
+            out[-1]["usage"].pop("prompt_tokens_details")
+            return out
+        assert same(via) == same(direct)
+
+
+def test_text_and_chat_are_tokenized_by_the_workers_or_a_local_tokenizer(tmp_path):
+    out = tmp_path / "tok"
+    assert main(["tokenizer", str(out), "--model", MODEL]) == 0
+    with fleet(2, events=True) as ws:
+        for tok in (None, str(out)):
+            with gateway([u for u, _ in ws], "radixkv", sources(ws), tokenizer=tok) as (url, _):
+                burst(url, 6, tag=f"t{tok is None}")
+                msgs = [{"role": "system", "content": PREFIX}, {"role": "user", "content": "hi"}]
+                for _ in range(2):
+                    r = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                                   json={"model": MODEL, "messages": msgs, "max_tokens": 2})
+                    assert r.status_code == 200
+                assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > len(PREFIX)
+        assert sum(done(ws)) == 16
+
+
+def test_a_refusing_worker_is_retried_once_and_a_4xx_comes_back_unchanged():
+    with fleet(1, events=False) as ws:
+        dead = "http://127.0.0.1:9"                      # nothing listens on the discard port
+        gw = Gateway([ws[0][0]], Routing("round-robin"), Tokens(), health_interval=60)
+        with ServerThread(build_gateway_app(gw)) as url:
+            gw.routing.workers.append(type(gw.routing.workers[0])(dead, model=MODEL))
+            gw.routing.build(gw.routing.workers)       # round-robin over [live, dead]
+            burst(url, 6)
+            assert done(ws) == [6]
+            assert gw_metric(url, "radixkv_route_retries_total") == 3
+            bad = {"model": MODEL, "prompt": "x", "max_tokens": 10**9}
+            direct = httpx.post(f"{ws[0][0]}/v1/completions", json=bad)
+            via = httpx.post(f"{url}/v1/completions", json=bad)
+            assert via.status_code == direct.status_code == 400 and via.json() == direct.json()
+            wrong = httpx.post(f"{url}/v1/completions", json={"model": "gpt-9", "prompt": "x"})
+            assert wrong.status_code == 404 and "does not exist" in wrong.text
+            assert httpx.post(f"{url}/v1/completions", content=b"{").status_code == 400
+
+
+def test_a_failure_after_the_first_byte_ends_the_stream_with_an_error_event():
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"data": [{"id": MODEL}]}
+
+    @app.get("/health")
+    async def health():
+        return {}
+
+    @app.post("/tokenize")
+    async def tokenize():
+        return {"tokens": [1, 2, 3], "count": 3}
+
+    @app.post("/v1/completions")
+    async def broken():
+        async def gen():
+            yield b'data: {"choices": [{"text": "a"}]}\n\n'
+            raise RuntimeError("the worker died")
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    with ServerThread(app) as worker, gateway([worker], "round-robin") as (url, _):
+        with httpx.stream("POST", f"{url}/v1/completions",
+                          json={"model": MODEL, "prompt": "x", "stream": True}) as r:
+            lines = [ln for ln in r.iter_lines() if ln]
+        assert r.status_code == 200 and lines[0] == 'data: {"choices": [{"text": "a"}]}'
+        assert json.loads(lines[1][6:])["error"]["code"] == 502 and lines[-1] == "data: [DONE]"
+        assert gw_metric(url, 'radixkv_route_errors_total{kind="midstream"}') == 1
+
+
+def test_a_client_hang_up_cancels_the_upstream_request():
+    with fleet(1, events=False) as ws, gateway([ws[0][0]], "least-load") as (url, _):
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=60, json={
+                "model": MODEL, "prompt": list(range(10, 200)), "max_tokens": 3000,
+                "ignore_eos": True, "stream": True}) as r:
+            it = r.iter_lines()
+            assert next(ln for ln in it if ln).startswith("data: ")
+        deadline = time.monotonic() + 5
+        while metric(ws[0][0], "vllm:num_requests_running") != 0:
+            assert time.monotonic() < deadline, "the worker still runs the abandoned request"
+            time.sleep(0.05)
+        assert metric(ws[0][0], "radixkv_aborted_requests_total") == 1
+        wait_idle(ws[0][1])
+        check_clean(ws[0][1])
+
+
+def test_health_checks_and_the_fleet_at_run_time():
+    with fleet(2, events=False) as ws:
+        urls = [u for u, _ in ws]
+        with gateway(urls, "round-robin", health_interval=0.2) as (url, gw):
+            assert httpx.delete(f"{url}/workers/{urls[1]}").json() == {"removed": urls[1]}
+            burst(url, 4)
+            assert done(ws) == [4, 0]
+            listed = httpx.get(f"{url}/workers").json()["workers"]
+            assert [w["url"] for w in listed] == [urls[0]]
+            added = httpx.post(f"{url}/workers", json={"url": urls[1]}).json()
+            assert added["model"] == MODEL and added["page_size"] == 1
+            burst(url, 4, tag="again")
+            assert done(ws) == [6, 2]
+            assert httpx.post(f"{url}/workers", json={"url": urls[1]}).status_code == 400
+            assert httpx.delete(f"{url}/workers/http://127.0.0.1:1").status_code == 404
+            gw.routing.workers[1].url = "http://127.0.0.1:9"     # the worker goes away
+            deadline = time.monotonic() + 5
+            while gw_metric(url, "radixkv_route_workers_healthy") != 1:
+                assert time.monotonic() < deadline, "the dead worker stayed in the rotation"
+                time.sleep(0.05)
+            burst(url, 4, tag="after")
+            assert done(ws) == [10, 2]
+            assert gw_metric(url, "radixkv_route_retries_total") == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "radixkv"],
+     "--router radixkv prices each worker's queue: give --model NAME"),
+    (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin", "--kv-events",
+      "http://127.0.0.1:2=tcp://127.0.0.1:3"], "with URL one of --worker-urls"),
+    (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin", "--kv-events",
+      "http://127.0.0.1:1=udp://x"], "expected tcp://HOST:PORT"),
+    (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin",
+      "--approx-ttl", "0"], "--approx-ttl 0.0 is not a positive number"),
+])
+def test_bad_command_lines_are_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("radixkv route: error: ") and message in err and err.count("\n") == 1
