@@ -43,6 +43,7 @@ class BenchConfig:
     timeout: float = 600.0
     duration_limit: float | None = None
     api_key: str | None = None
+    text: bool = False          # prompts as text (see as_text), for gateways that route on text
 
     def __post_init__(self) -> None:
         url = self.base_url.strip().rstrip("/")
@@ -179,6 +180,13 @@ def send_times(workload: Workload, request_rate: float | None) -> list[float]:
     return [t * factor for t in rel]
 
 
+def as_text(tokens) -> str:
+    """A prompt of token ids as printable ASCII, token t as chr(33 + t % 94): equal prompts stay
+    equal and a shared prefix stays shared (two different ids meet as one character 1 time in
+    94, which can lengthen a shared prefix by that character)."""
+    return "".join(chr(33 + int(t) % 94) for t in tokens)
+
+
 class _Run:
     """One benchmark run's requests, records and clock."""
 
@@ -195,7 +203,8 @@ class _Run:
         start = time.perf_counter()
         self.sent[i] = start - self.t0
         state = StreamState(start)
-        payload = {"model": self.model, "prompt": list(r.prompt),
+        payload = {"model": self.model,
+                   "prompt": as_text(r.prompt) if self.cfg.text else list(r.prompt),
                    "max_tokens": max(r.output_len, 1), "temperature": 0.0,
                    "ignore_eos": True, "stream": True,
                    "stream_options": {"include_usage": True}}

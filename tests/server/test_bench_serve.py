@@ -214,3 +214,21 @@ def test_bench_serve_cli_refuses_bad_input(capsys):
     rc = main(["bench-serve", "--base-url", "http://127.0.0.1:9", "fewshot", "--num-prompts",
                "1"])
     assert rc == 2 and "cannot reach http://127.0.0.1:9/v1/models" in capsys.readouterr().err
+
+
+def test_text_prompts_keep_equal_prompts_equal_and_shared_prefixes_shared():
+    from radixkv.bench.client import as_text
+    a, b = [5, 6, 7, 100, 3], [5, 6, 7, 100, 4]
+    assert as_text(a) == as_text(list(a)) and as_text(a)[:4] == as_text(b)[:4]
+    assert as_text(a) != as_text(b) and as_text(range(94)) == "".join(map(chr, range(33, 127)))
+    assert as_text([94]) == as_text([0]) == "!"          # ids meet modulo 94
+
+
+def test_a_text_run_sends_text_the_server_tokenizes():
+    from tests.server._helpers import running_server
+    wl = Workload("t", [TraceRequest(f"r{i}", 0.0, [1, 2, 3, 4, 5, 6, 7, i], output_len=2)
+                        for i in range(3)])
+    with running_server(executor="sim", model="llama-3-8b") as (url, _):
+        res = asyncio.run(run_benchmark_async(wl, BenchConfig(url, text=True)))
+    assert res.summary["completed"] == 3
+    assert res.summary["prompt_tokens"] == 3 * 9          # <bos> and one byte per character

@@ -1,0 +1,162 @@
+"""Gateways side by side, live: the same `radixkv serve --executor sim` workers (Llama-3-8B on an
+H100, KV events on), the same bench-serve load, through
+
+- radixkv route (`--router radixkv`, the workers' KV events, the named model's step cost),
+- radixkv route `--router round-robin` (the baseline),
+- sglang-router `cache_aware`, vllm-router `kv_aware` (radixkv's events) and `cache_aware`
+  (the peers, from `make interop`'s venvs; skipped, saying so, when absent),
+
+on three workloads — support (a shared system prompt and few-shot block, sessions), fewshot
+with four preambles competing for small pools, multi-turn sessions in closed loop — and prints
+one table (prompts sent as text, every gateway routing on the same text): the cached share of
+prompt tokens (from the replies' usage), TTFT p50 / p99, E2E
+p99, throughput, requests per worker; then each gateway's added latency: the p50 of sequential
+one-token requests through it minus the same sent to a worker directly. Between runs every
+worker's cache is reset (`/reset_prefix_cache`) and the gateway restarted.
+
+    python benchmarks/bench_gateways.py [--workers 4] [--requests 240] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from radixkv.bench.client import BenchConfig, run_benchmark  # noqa: E402
+from radixkv.bench.four_way import make_fewshot_workload  # noqa: E402
+from radixkv.bench.process import ServerProcess  # noqa: E402
+from radixkv.workloads import Workload, make_workload  # noqa: E402
+from tests.interop.conftest import free_port, running  # noqa: E402
+from tests.interop.peers import installed, program  # noqa: E402
+
+MODEL = "llama-3-8b"
+
+
+def workloads(n: int) -> dict[str, tuple[Workload, dict]]:
+    """name -> (workload, send mode)."""
+    sup = make_workload("support", num_users=max(n // 5, 4), turns=5, rate=4.0, seed=1)
+    few = make_fewshot_workload("fewshot", MODEL, n, 12.0, 1, preambles=4)
+    multi = make_workload("multiturn", num_users=max(n // 6, 4), turns=6, seed=1)
+    cut = lambda w: Workload(w.name, w.requests[:n], w.skipped, w.block_size, w.meta)  # noqa: E731
+    return {"support": (cut(sup), {}), "fewshot x4": (cut(few), {}),
+            "multiturn closed": (cut(multi), {"max_concurrency": 16})}
+
+
+def gateways(urls: list[str], events: dict[str, str], port: int) -> dict[str, list[str] | None]:
+    kv = [a for u in urls for a in ("--kv-events", f"{u}={events[u]}")]
+    route = [sys.executable, "-m", "radixkv", "route", "--worker-urls", *urls, "--host",
+             "127.0.0.1", "--port", str(port)]
+    out: dict[str, list[str] | None] = {
+        "radixkv route": route + ["--router", "radixkv", "--model", MODEL, *kv],
+        "round-robin": route + ["--router", "round-robin"],
+    }
+    src = [a for u in urls for a in ("--kv-event-source", f"{u}={events[u].split(',')[0]}")]
+    peer = {"sglang-router cache_aware": ("sglang-router", ["launch"], ["--policy", "cache_aware"]),
+            "vllm-router kv_aware": ("vllm-router", [], ["--policy", "kv_aware",
+                                                         "--kv-event-block-size", "1",
+                                                         "--kv-event-model", MODEL, *src]),
+            "vllm-router cache_aware": ("vllm-router", [], ["--policy", "cache_aware"])}
+    for name, (tool, sub, args) in peer.items():
+        out[name] = [str(program(tool)), *sub, "--host", "127.0.0.1", "--port", str(port),
+                     "--worker-urls", *urls, *args] if installed(tool) else None
+    return out
+
+
+def done(urls: list[str]) -> list[int]:
+    out = []
+    for u in urls:
+        for line in httpx.get(f"{u}/metrics", timeout=10).text.splitlines():
+            if line.startswith("vllm:request_success_total"):
+                out.append(int(float(line.rsplit(" ", 1)[1])))
+    return out
+
+
+def added_latency(gateway: str, worker: str, n: int = 40) -> float:
+    """p50 of one-token requests through `gateway` minus directly to `worker`, in ms."""
+    def p50(url: str) -> float:
+        times = []
+        with httpx.Client(base_url=url, timeout=30) as c:
+            for i in range(n):
+                t0 = time.perf_counter()
+                c.post("/v1/completions", json={"model": MODEL, "prompt": f"hello {i}",
+                                                "max_tokens": 1}).raise_for_status()
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
+    return p50(gateway) - p50(worker)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=240)
+    ap.add_argument("--tokens", type=int, default=12_000, help="each worker's KV pool")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    con, rows, latency = Console(), [], {}
+    flags = ["--executor", "sim", "--model", MODEL, "--enable-metrics", "--max-total-tokens",
+             str(args.tokens), "--kv-events-config", json.dumps({
+                 "enable_kv_cache_events": True, "publisher": "zmq",
+                 "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"})]
+    with contextlib.ExitStack() as st:
+        procs = [st.enter_context(ServerProcess(flags)) for _ in range(args.workers)]
+        urls = [p.base_url for p in procs]
+        events = {}
+        for u in urls:
+            ev = httpx.get(f"{u}/server_info").json()["kv_events"]
+            events[u] = f"{ev['endpoint']},{ev['replay_endpoint']}"
+        for wl_name, (wl, mode) in workloads(args.requests).items():
+            for gw_name, cmd in gateways(urls, events, free_port()).items():
+                if cmd is None:
+                    con.print(f"[yellow]{gw_name}: not installed (make interop): skipped")
+                    continue
+                for u in urls:
+                    httpx.post(f"{u}/reset_prefix_cache", timeout=30).raise_for_status()
+                port = cmd[cmd.index("--port") + 1]
+                base = f"http://127.0.0.1:{port}"
+                before = done(urls)
+                with running(cmd, f"{base}/health", Path("/tmp") / f"gw-{port}.log"):
+                    time.sleep(1.0)                       # subscriptions in place
+                    res = run_benchmark(wl, BenchConfig(base, model=MODEL, timeout=300, text=True,
+                                                        **mode))
+                    if gw_name not in latency:
+                        latency[gw_name] = added_latency(base, urls[0])
+                s = res.summary
+                rows.append({"workload": wl_name, "gateway": gw_name,
+                             "cached_share": s["cached_token_rate"], "ttft_p50": s["ttft_p50"],
+                             "ttft_p99": s["ttft_p99"], "e2e_p99": s["e2e_p99"],
+                             "req_s": s["request_throughput_req_s"], "errors": s["errors"],
+                             "per_worker": [a - b for a, b in zip(done(urls), before)]})
+                con.print(f"{wl_name} · {gw_name}: {s['completed']}/{s['requests']} done")
+    table = Table(title="gateways side by side (sim Llama-3-8B / H100 workers)")
+    for col in ("workload", "gateway", "cached share", "TTFT p50", "TTFT p99", "E2E p99",
+                "req/s", "errors", "requests per worker"):
+        table.add_column(col, justify="left" if col in ("workload", "gateway") else "right")
+    for r in rows:
+        table.add_row(r["workload"], r["gateway"], f"{r['cached_share']:.1%}",
+                      f"{r['ttft_p50']:.3f} s", f"{r['ttft_p99']:.3f} s", f"{r['e2e_p99']:.3f} s",
+                      f"{r['req_s']:.2f}", str(r["errors"]), " ".join(map(str, r["per_worker"])))
+    con.print(table)
+    lat = Table(title="added latency, p50 of one-token requests, gateway − direct")
+    lat.add_column("gateway")
+    lat.add_column("ms", justify="right")
+    for k, v in latency.items():
+        lat.add_row(k, f"{v:.2f}")
+    con.print(lat)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"rows": rows, "added_latency_ms": latency}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
