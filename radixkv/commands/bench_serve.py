@@ -32,6 +32,9 @@ def register(subparsers: Any) -> None:
                    help="the model name sent in each request (default: the first of GET "
                         "/v1/models)")
     p.add_argument("--api-key", metavar="KEY", help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--text-prompts", action="store_true",
+                   help="send each prompt as text (token t as the character chr(33 + t %% 94)), "
+                        "for gateways and servers that take text only")
     add_workload_args(p)
     p.add_argument("--num-prompts", type=int, dest="limit", metavar="N",
                    help="send only the first N requests (the same as --limit)")
@@ -90,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     clients = concurrency_from_args(args)
     cfg = BenchConfig(args.base_url, model=args.model, request_rate=args.request_rate,
                       max_concurrency=clients, timeout=args.timeout,
-                      duration_limit=args.duration_limit, api_key=args.api_key)
+                      duration_limit=args.duration_limit, api_key=args.api_key,
+                      text=args.text_prompts)
     wl = load_from_args(args, seed_for_traces=False)
     con = console()
     with progress_bar(con) as bar:
