@@ -69,7 +69,8 @@ def gateways(urls: list[str], events: dict[str, str], port: int) -> dict[str, li
             "vllm-router cache_aware": ("vllm-router", [], ["--policy", "cache_aware"])}
     for name, (tool, sub, args) in peer.items():
         out[name] = [str(program(tool)), *sub, "--host", "127.0.0.1", "--port", str(port),
-                     "--worker-urls", *urls, *args] if installed(tool) else None
+                     "--prometheus-port", str(free_port()), "--worker-urls", *urls,
+                     *args] if installed(tool) else None
     return out
 
 

@@ -48,7 +48,7 @@ def test_vllm_router(policy, tmp_path):
     with workers(2, events=policy == "kv_aware") as fleet:
         port = free_port()
         cmd = [exe, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
-               "--worker-urls", *[w.url for w in fleet]]
+               "--prometheus-port", str(free_port()), "--worker-urls", *[w.url for w in fleet]]
         if policy == "kv_aware":
             for w in fleet:
                 cmd += ["--kv-event-source", f"{w.url}={w.events}"]
@@ -64,6 +64,7 @@ def test_sglang_router_cache_aware(tmp_path):
         port = free_port()
         router = f"http://127.0.0.1:{port}"
         cmd = [exe, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy",
-               "cache_aware", "--worker-urls", *[w.url for w in fleet]]
+               "cache_aware", "--prometheus-port", str(free_port()),
+               "--worker-urls", *[w.url for w in fleet]]
         with running(cmd, f"{router}/health", tmp_path / "router.log"):
             check_burst(router, fleet)
