@@ -130,6 +130,7 @@ def main() -> int:
                     time.sleep(1.0)                       # subscriptions in place
                     res = run_benchmark(wl, BenchConfig(base, model=MODEL, timeout=300, text=True,
                                                         **mode))
+                    per_worker = [a - b for a, b in zip(done(urls), before)]
                     if gw_name not in latency:
                         latency[gw_name] = added_latency(base, urls[0])
                 s = res.summary
@@ -137,7 +138,7 @@ def main() -> int:
                              "cached_share": s["cached_token_rate"], "ttft_p50": s["ttft_p50"],
                              "ttft_p99": s["ttft_p99"], "e2e_p99": s["e2e_p99"],
                              "req_s": s["request_throughput_req_s"], "errors": s["errors"],
-                             "per_worker": [a - b for a, b in zip(done(urls), before)]})
+                             "per_worker": per_worker})
                 con.print(f"{wl_name} · {gw_name}: {s['completed']}/{s['requests']} done")
     table = Table(title="gateways side by side (sim Llama-3-8B / H100 workers)")
     for col in ("workload", "gateway", "cached share", "TTFT p50", "TTFT p99", "E2E p99",

@@ -148,14 +148,15 @@ class Gateway:
         headers = {k: v for k, v in raw.headers.items() if k.lower() in PASSED_HEADERS}
         tried: set[int] = set()
         while True:
-            t0 = time.perf_counter()
-            i = self.routing.choose(info, frozenset(tried))
+            t0 = time.perf_counter()              # off the event loop: it hashes the prompt
+            i = await asyncio.to_thread(self.routing.choose, info, frozenset(tried))
             self.metrics.decision.observe(time.perf_counter() - t0)
             if i is None:
                 self.metrics.errors.labels("no_worker").inc()
                 return _error(503, "no healthy worker could take the request")
             w = self.routing.workers[i]
-            self.metrics.predicted.inc(min(self.routing.predicted(i, info), len(tokens) - 1))
+            predicted = await asyncio.to_thread(self.routing.predicted, i, info)
+            self.metrics.predicted.inc(min(predicted, len(tokens) - 1))
             self.routing.sent(i, info)
             self.metrics.requests.labels(w.url).inc()
             try:

@@ -187,8 +187,21 @@ def page_hashes(tokens, namespace: tuple, page_size: int, algo: str = "sha256", 
     page_size, algo = positive_int(page_size, "page_size"), check_hash_algo(algo)
     inner = (key.namespace[0], None) if salt_first_only else key.namespace
     out: list[int] = []
-    parent = None
+    parent, memo = None, _CHAIN_MEMO
     for i in range(len(key) // page_size):
-        parent = chain_hash(parent, key.namespace if i == 0 else inner, key.page(i, page_size), algo)
-        out.append(parent)
+        k = (parent, key.namespace if i == 0 else inner, key.page(i, page_size), algo)
+        h = memo.get(k)
+        if h is None:
+            h = chain_hash(*k)
+            if len(memo) >= _CHAIN_MEMO_MAX:
+                memo.clear()
+            memo[k] = h
+        out.append(h)
+        parent = h
     return out
+
+
+# chained page hashes already computed: a prompt that shares a prefix with an earlier one
+# hashes only its new pages (a router hashes every prompt it routes)
+_CHAIN_MEMO: dict[tuple, int] = {}
+_CHAIN_MEMO_MAX = 1 << 18
