@@ -84,7 +84,8 @@ def done(urls: list[str]) -> list[int]:
 
 
 def added_latency(gateway: str, worker: str, n: int = 40) -> float:
-    """p50 of one-token requests through `gateway` minus directly to `worker`, in ms."""
+    """p50 of one-token requests through `gateway` minus directly to `worker` (the mean of the
+    direct p50 before and after), in ms, after a warm-up of each (connections, first routes)."""
     def p50(url: str) -> float:
         times = []
         with httpx.Client(base_url=url, timeout=30) as c:
@@ -94,7 +95,9 @@ def added_latency(gateway: str, worker: str, n: int = 40) -> float:
                                                 "max_tokens": 1}).raise_for_status()
                 times.append(time.perf_counter() - t0)
         return statistics.median(times) * 1e3
-    return p50(gateway) - p50(worker)
+    p50(gateway), p50(worker)
+    before, via, after = p50(worker), p50(gateway), p50(worker)
+    return via - (before + after) / 2
 
 
 def main() -> int:
@@ -103,6 +106,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=240)
     ap.add_argument("--tokens", type=int, default=12_000, help="each worker's KV pool")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--latency-only", action="store_true",
+                    help="measure each gateway's added latency only (no workloads)")
     args = ap.parse_args()
     con, rows, latency = Console(), [], {}
     flags = ["--executor", "sim", "--model", MODEL, "--enable-metrics", "--max-total-tokens",
@@ -116,7 +121,15 @@ def main() -> int:
         for u in urls:
             ev = httpx.get(f"{u}/server_info").json()["kv_events"]
             events[u] = f"{ev['endpoint']},{ev['replay_endpoint']}"
-        for wl_name, (wl, mode) in workloads(args.requests).items():
+        if args.latency_only:
+            for gw_name, cmd in gateways(urls, events, free_port()).items():
+                if cmd is not None:
+                    port = cmd[cmd.index("--port") + 1]
+                    with running(cmd, f"http://127.0.0.1:{port}/health",
+                                 Path("/tmp") / f"gw-{port}.log"):
+                        time.sleep(1.0)
+                        latency[gw_name] = added_latency(f"http://127.0.0.1:{port}", urls[0])
+        for wl_name, (wl, mode) in ({} if args.latency_only else workloads(args.requests)).items():
             for gw_name, cmd in gateways(urls, events, free_port()).items():
                 if cmd is None:
                     con.print(f"[yellow]{gw_name}: not installed (make interop): skipped")
