@@ -68,7 +68,7 @@ ROOMS: dict[str, set[str]] = {
     "rayserve": {"server", "router", "kvevents", "engine", "sched", "cache", "config", "sim",
                  "shapes"} | _CORE,
     "gateway": {"router", "kvevents", "model", "server", "sim", "cache", "sched", "engine",
-                "config", "shapes"} | _CORE,
+                "config", "shapes", "bench"} | _CORE,
     "bench": {"workloads", "shapes"} | _CORE,
     "commands": {"bench", "cache", "calibration", "config", "engine", "kvevents", "model",
                  "offline", "planning", "plots", "rayserve", "router", "sched", "server", "gateway",

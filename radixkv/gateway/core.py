@@ -73,7 +73,7 @@ class Routing:
         if w.url in self.events:
             src = self.events[w.url]
             return EventFeed(src.endpoint, src.replay, sink)
-        return SentFeed(self.page_size, sink, self.sent_ttl)
+        return SentFeed(self.page_size, sink, self.sent_ttl, hash_algo=self.hash_algo)
 
     def close(self) -> None:
         self.build([])

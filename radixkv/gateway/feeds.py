@@ -76,13 +76,14 @@ class EventFeed:
 
 class SentFeed:
     def __init__(self, page_size: int, sink: Sink, ttl: float = 120.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, hash_algo: str = "sha256"):
         self.page_size, self.sink, self.ttl, self.clock = page_size, sink, ttl, clock
+        self.hash_algo = hash_algo
         self._expiry: dict[int, float] = {}           # page hash -> when it is forgotten
 
     def sent(self, tokens, namespace: tuple) -> None:
         self.expire()
-        hashes = page_hashes(tokens, namespace, self.page_size)
+        hashes = page_hashes(tokens, namespace, self.page_size, self.hash_algo)
         new = [h for h in hashes if h not in self._expiry]
         until = self.clock() + self.ttl
         for h in hashes:

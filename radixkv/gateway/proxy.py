@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import time
 from contextlib import asynccontextmanager
 
@@ -26,6 +27,7 @@ from radixkv.gateway.tokens import TokenizeError, Tokens
 from radixkv.gateway.workers import Worker, check_health, discover, every, scrape
 from radixkv.router import RequestInfo
 
+log = logging.getLogger(__name__)
 _ids = itertools.count()
 DEFAULT_MAX_TOKENS = {False: 16, True: 128}           # what the OpenAI servers default to
 PASSED_HEADERS = ("authorization", "x-request-id")
@@ -56,8 +58,13 @@ class Gateway:
                                         limits=httpx.Limits(max_connections=4096,
                                                             max_keepalive_connections=512))
         workers = [Worker(u) for u in self.urls]
-        for w in workers:
-            await discover(self.client, w)
+        for w in workers:                  # one that does not answer starts out of the rotation
+            try:
+                await discover(self.client, w)
+            except httpx.HTTPError as e:
+                log.warning("worker %s does not answer (%s): out of the rotation until it does",
+                            w.url, type(e).__name__)
+                w.healthy, w.failures = False, self.failures_to_leave
         self._check_models(workers)
         self.routing.build(workers)
         self._count_healthy()
@@ -73,11 +80,13 @@ class Gateway:
 
     @staticmethod
     def _check_models(workers: list[Worker]) -> None:
-        models = {w.model for w in workers}
+        models = {w.model for w in workers if w.model is not None}     # None: not known yet
         if len(models) > 1:
             raise ValueError(f"the workers serve different models: {sorted(map(str, models))}")
 
     async def add(self, url: str, events: EventSource | None) -> Worker:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"a worker URL is http://HOST:PORT or https://..., got {url!r}")
         url = url.rstrip("/")
         if url in [w.url for w in self.routing.workers]:
             raise ValueError(f"worker {url} is in the fleet already")
@@ -110,6 +119,8 @@ class Gateway:
             change = await check_health(self.client, w, self.failures_to_leave)
             if change is True and w in self.routing.workers:
                 self.routing.forget(self.routing.workers.index(w))
+            elif change is False and w.model is None:      # back, never seen: what it serves
+                await discover(self.client, w)
         self._count_healthy()
 
     async def _scrape(self) -> None:

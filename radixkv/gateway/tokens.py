@@ -5,11 +5,11 @@ template of its tokenizer_config.json, else the plain one) or the workers' own v
 so a chat is rendered with the template the worker uses."""
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
+from pydantic import ValidationError
 
 from radixkv.model.tokenizer import load_tokenizer
+from radixkv.server.protocol import ChatMessage
 from radixkv.server.text import ChatTemplate
 
 
@@ -19,12 +19,6 @@ class TokenizeError(Exception):
     def __init__(self, response: httpx.Response):
         super().__init__(f"tokenize: {response.status_code}")
         self.response = response
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
 
 
 class Tokens:
@@ -46,8 +40,12 @@ class Tokens:
                                       {"model": body.get("model"), "prompt": prompt})
         messages = body.get("messages")
         if self.template is not None and isinstance(messages, list):
-            return self.template.encode([(m.get("role", ""), _text(m.get("content")))
-                                         for m in messages if isinstance(m, dict)])
+            try:
+                msgs = [ChatMessage.model_validate(m) for m in messages]
+            except ValidationError:              # the worker words the refusal
+                msgs = None
+            if msgs is not None:
+                return self.template.encode([(m.role, m.text()) for m in msgs])
         try:
             return await self._remote(client, worker, "/tokenize",
                                       {"model": body.get("model"), "messages": messages})

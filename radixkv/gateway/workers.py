@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from radixkv.bench.process import parse_metrics
+
 log = logging.getLogger(__name__)
 
 # running requests, waiting requests, KV usage share: vLLM's names, then SGLang's
@@ -81,10 +83,7 @@ async def scrape(client: httpx.AsyncClient, w: Worker, interval: float) -> None:
         r = await client.get(f"{w.url}/metrics")
         if r.status_code != 200:
             return
-        values = {}
-        for fam in text_string_to_metric_families(r.text):
-            for s in fam.samples:
-                values.setdefault(s.name, s.value)
+        values = parse_metrics(r.text)
     except (httpx.HTTPError, ValueError):
         return
     running, usage = _first(values, RUNNING), _first(values, USAGE)

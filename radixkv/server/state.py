@@ -55,12 +55,17 @@ def flush(eng) -> bool:
     return True
 
 
-async def reset_cache(state: ServerState) -> bool:
-    """Drop the prefix cache between steps (False while requests run or wait); counted."""
-    ok = await asyncio.wrap_future(state.worker.call(flush))
-    if ok and state.metrics is not None:
+async def reset_cache(state: ServerState, raw: HTTPRequest, what: str) -> None:
+    """Drop the prefix cache between steps, counted; the operator's key is needed with tenants
+    (403), and nothing may run or wait (400: "cannot {what} while ...")."""
+    try:
+        state.tenants.check_admin(raw.headers.get("authorization"))
+    except AuthError as e:
+        raise APIError(403, str(e), "permission_error") from None
+    if not await asyncio.wrap_future(state.worker.call(flush)):
+        raise APIError(400, f"cannot {what} while requests are running or waiting")
+    if state.metrics is not None:
         state.metrics.resets.inc()
-    return ok
 
 
 def tenant_of(state: ServerState, raw: HTTPRequest) -> str | None:

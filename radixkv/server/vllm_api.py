@@ -22,7 +22,6 @@ from radixkv import __version__
 from radixkv.server import protocol as P
 from radixkv.server.state import (APIError, ServerState, check_model, make_request,
                                   prompt_ids, reset_cache, tenant_of)
-from radixkv.server.tenants import AuthError
 
 
 def add_vllm_routes(app: FastAPI, state: ServerState) -> None:
@@ -62,13 +61,7 @@ def add_vllm_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(raw: HTTPRequest):
-        try:
-            state.tenants.check_admin(raw.headers.get("authorization"))
-        except AuthError as e:
-            raise APIError(403, str(e), "permission_error") from None
-        if not await reset_cache(state):
-            raise APIError(400, "cannot reset the prefix cache while requests are running or "
-                                "waiting")
+        await reset_cache(state, raw, "reset the prefix cache")
         return Response(status_code=200)
 
     @app.get("/version")

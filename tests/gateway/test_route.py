@@ -242,3 +242,20 @@ def test_bad_command_lines_are_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("radixkv route: error: ") and message in err and err.count("\n") == 1
+
+
+def test_regression_a_worker_down_at_start_waits_out_of_the_rotation_and_bad_workers_are_refused():
+    """The gateway starts with a worker that does not answer (it used to fail to start), sends
+    nothing to it, and refuses a worker URL that is not one, naming it, with nothing changed."""
+    with fleet(1, events=False) as ws:
+        dead = "http://127.0.0.1:9"
+        with gateway([ws[0][0], dead], "round-robin", health_interval=60) as (url, gw):
+            assert [w["healthy"] for w in httpx.get(f"{url}/workers").json()["workers"]] == \
+                [True, False]
+            burst(url, 4)
+            assert done(ws) == [4] and gw_metric(url, "radixkv_route_retries_total") == 0
+            for bad in (123, "127.0.0.1:8000", None):
+                r = httpx.post(f"{url}/workers", json={"url": bad})
+                assert r.status_code == 400 and "a worker URL is http://HOST:PORT" in r.text
+            assert httpx.post(f"{url}/workers", json={}).status_code == 400
+            assert len(gw.routing.workers) == 2
