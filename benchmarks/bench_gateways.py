@@ -1,7 +1,9 @@
 """Gateways side by side, live: the same `radixkv serve --executor sim` workers (Llama-3-8B on an
 H100, KV events on), the same bench-serve load, through
 
-- radixkv route (`--router radixkv`, the workers' KV events, the named model's step cost),
+- radixkv route (`--router radixkv --fit-ttft`, the workers' KV events, the TTFT fitted online,
+  the workers' tokenizer loaded locally), and the same priced by the named model's step cost
+  alone (`--model`, no fit),
 - radixkv route `--router round-robin` (the baseline),
 - sglang-router `cache_aware`, vllm-router `kv_aware` (radixkv's events) and `cache_aware`
   (the peers, from `make interop`'s venvs; skipped, saying so, when absent),
@@ -15,6 +17,7 @@ one-token requests through it minus the same sent to a worker directly. Between 
 worker's cache is reset (`/reset_prefix_cache`) and the gateway restarted.
 
     python benchmarks/bench_gateways.py [--workers 4] [--requests 240] [--json OUT]
+        [--gateways NAME ...] [--workloads NAME ...] [--latency-only]
 """
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ import argparse
 import contextlib
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,12 +58,14 @@ def workloads(n: int) -> dict[str, tuple[Workload, dict]]:
             "multiturn closed": (cut(multi), {"max_concurrency": 16})}
 
 
-def gateways(urls: list[str], events: dict[str, str], port: int) -> dict[str, list[str] | None]:
+def gateways(urls: list[str], events: dict[str, str], port: int, tokenizer: str
+             ) -> dict[str, list[str] | None]:
     kv = [a for u in urls for a in ("--kv-events", f"{u}={events[u]}")]
     route = [sys.executable, "-m", "radixkv", "route", "--worker-urls", *urls, "--host",
-             "127.0.0.1", "--port", str(port)]
+             "127.0.0.1", "--port", str(port), "--tokenizer", tokenizer]
     out: dict[str, list[str] | None] = {
-        "radixkv route": route + ["--router", "radixkv", "--model", MODEL, *kv],
+        "radixkv route": route + ["--router", "radixkv", "--model", MODEL, "--fit-ttft", *kv],
+        "radixkv route, step cost only": route + ["--router", "radixkv", "--model", MODEL, *kv],
         "round-robin": route + ["--router", "round-robin"],
     }
     src = [a for u in urls for a in ("--kv-event-source", f"{u}={events[u].split(',')[0]}")]
@@ -100,6 +107,10 @@ def added_latency(gateway: str, worker: str, n: int = 40) -> float:
     return via - (before + after) / 2
 
 
+def keep(name: str, only: list[str] | None) -> bool:
+    return only is None or any(k in name for k in only)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=4)
@@ -108,13 +119,20 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--latency-only", action="store_true",
                     help="measure each gateway's added latency only (no workloads)")
+    ap.add_argument("--gateways", nargs="+", metavar="NAME",
+                    help="only the gateways whose names contain one of these")
+    ap.add_argument("--workloads", nargs="+", metavar="NAME",
+                    help="only the workloads whose names contain one of these")
     args = ap.parse_args()
-    con, rows, latency = Console(), [], {}
+    con, rows, latency = Console(width=180), [], {}
     flags = ["--executor", "sim", "--model", MODEL, "--enable-metrics", "--max-total-tokens",
              str(args.tokens), "--kv-events-config", json.dumps({
                  "enable_kv_cache_events": True, "publisher": "zmq",
                  "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"})]
     with contextlib.ExitStack() as st:
+        tok = str(Path(st.enter_context(tempfile.TemporaryDirectory())) / "tokenizer")
+        subprocess.run([sys.executable, "-m", "radixkv", "tokenizer", tok, "--model", MODEL],
+                       check=True, stdout=subprocess.DEVNULL)
         procs = [st.enter_context(ServerProcess(flags)) for _ in range(args.workers)]
         urls = [p.base_url for p in procs]
         events = {}
@@ -122,15 +140,17 @@ def main() -> int:
             ev = httpx.get(f"{u}/server_info").json()["kv_events"]
             events[u] = f"{ev['endpoint']},{ev['replay_endpoint']}"
         if args.latency_only:
-            for gw_name, cmd in gateways(urls, events, free_port()).items():
-                if cmd is not None:
+            for gw_name, cmd in gateways(urls, events, free_port(), tok).items():
+                if cmd is not None and keep(gw_name, args.gateways):
                     port = cmd[cmd.index("--port") + 1]
                     with running(cmd, f"http://127.0.0.1:{port}/health",
                                  Path("/tmp") / f"gw-{port}.log"):
                         time.sleep(1.0)
                         latency[gw_name] = added_latency(f"http://127.0.0.1:{port}", urls[0])
         for wl_name, (wl, mode) in ({} if args.latency_only else workloads(args.requests)).items():
-            for gw_name, cmd in gateways(urls, events, free_port()).items():
+            for gw_name, cmd in gateways(urls, events, free_port(), tok).items():
+                if not (keep(wl_name, args.workloads) and keep(gw_name, args.gateways)):
+                    continue
                 if cmd is None:
                     con.print(f"[yellow]{gw_name}: not installed (make interop): skipped")
                     continue
@@ -144,6 +164,8 @@ def main() -> int:
                     res = run_benchmark(wl, BenchConfig(base, model=MODEL, timeout=300, text=True,
                                                         **mode))
                     per_worker = [a - b for a, b in zip(done(urls), before)]
+                    fit = httpx.get(f"{base}/workers").json().get("ttft_fit") \
+                        if gw_name.startswith("radixkv route") else None
                     if gw_name not in latency:
                         latency[gw_name] = added_latency(base, urls[0])
                 s = res.summary
@@ -151,7 +173,7 @@ def main() -> int:
                              "cached_share": s["cached_token_rate"], "ttft_p50": s["ttft_p50"],
                              "ttft_p99": s["ttft_p99"], "e2e_p99": s["e2e_p99"],
                              "req_s": s["request_throughput_req_s"], "errors": s["errors"],
-                             "per_worker": per_worker})
+                             "per_worker": per_worker, "ttft_fit": fit})
                 con.print(f"{wl_name} · {gw_name}: {s['completed']}/{s['requests']} done")
     table = Table(title="gateways side by side (sim Llama-3-8B / H100 workers)")
     for col in ("workload", "gateway", "cached share", "TTFT p50", "TTFT p99", "E2E p99",
@@ -168,6 +190,16 @@ def main() -> int:
     for k, v in latency.items():
         lat.add_row(k, f"{v:.2f}")
     con.print(lat)
+    fits = Table(title="radixkv route --fit-ttft: the TTFT predicted at routing against the measured")
+    for col in ("workload", "TTFTs seen", "median |pred/meas - 1|", "p90", "coefficients"):
+        fits.add_column(col)
+    for r in rows:
+        if r.get("ttft_fit"):
+            f = r["ttft_fit"]
+            fits.add_row(r["workload"], str(f["observations"]), f"{f['median_abs_error']:.2f}",
+                         f"{f['p90_abs_error']:.2f}",
+                         " ".join(f"{k}={v:.3g}" for k, v in f["coefficients"].items()))
+    con.print(fits)
     if args.json is not None:
         args.json.write_text(json.dumps({"rows": rows, "added_latency_ms": latency}, indent=1))
     return 0

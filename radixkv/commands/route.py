@@ -34,6 +34,11 @@ def register(subparsers: Any) -> None:
                    help="the workers' GPU for that step cost (default: h100-sxm)")
     p.add_argument("--profile", type=Path, metavar="FILE",
                    help="price steps with a `radixkv calibrate` profile instead")
+    p.add_argument("--fit-ttft", action="store_true",
+                   help="--router radixkv: predict each worker's TTFT by a regression fitted "
+                        "online to the TTFTs the gateway measures (its features priced by --model "
+                        "or --profile; without either, by llama-3-8b on --gpu, which the fit "
+                        "rescales); /workers and /metrics say how well it tracks them")
     p.add_argument("--approx-ttl", type=float, default=120.0, metavar="S",
                    help="without KV events: seconds a sent prefix counts as held (default: 120)")
     p.add_argument("--health-interval", type=float, default=2.0, metavar="S",
@@ -68,11 +73,21 @@ def build(args: argparse.Namespace):
     elif args.model is not None:
         from radixkv.sim.costmodel import CostModel
         cost = CostModel.named(args.model, args.gpu)
+    elif args.router == "radixkv" and args.fit_ttft:
+        from radixkv.sim.costmodel import CostModel
+        cost = CostModel.named("llama-3-8b", args.gpu)
     elif args.router == "radixkv":
         raise ValueError("--router radixkv prices each worker's queue: give --model NAME (and "
-                         "--gpu) or --profile FILE")
+                         "--gpu), --profile FILE, or --fit-ttft")
+    options = None
+    if args.fit_ttft:
+        if args.router != "radixkv":
+            raise ValueError(f"--fit-ttft fits the radixkv router's TTFT; --router is "
+                             f"{args.router!r}")
+        from radixkv.router.radixkv import RadixKVOptions
+        options = RadixKVOptions(fit=True)
     routing = Routing(args.router, events=events, cost=cost, seed=args.seed,
-                      sent_ttl=args.approx_ttl)
+                      sent_ttl=args.approx_ttl, options=options)
     tokens = Tokens(args.tokenizer)
     return build_gateway_app(Gateway(args.worker_urls, routing, tokens,
                                      health_interval=args.health_interval))

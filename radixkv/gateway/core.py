@@ -30,12 +30,12 @@ class EventSource(NamedTuple):
 class Routing:
     def __init__(self, router: str, *, events: dict[str, EventSource] | None = None,
                  cost: StepCost | None = None, seed: int = 0, prefill_chunk: int = 8192,
-                 sent_ttl: float = 120.0, hash_algo: str = "sha256"):
+                 sent_ttl: float = 120.0, hash_algo: str = "sha256", options=None):
         if router not in ROUTERS:
             raise ValueError(f"--router {router!r} is unknown; known: {', '.join(ROUTERS.names())}")
         self.router_name, self.events = router, dict(events or {})
         self.cost, self.seed, self.prefill_chunk = cost, seed, prefill_chunk
-        self.sent_ttl, self.hash_algo = sent_ttl, hash_algo
+        self.sent_ttl, self.hash_algo, self.options = sent_ttl, hash_algo, options
         self.lock = threading.RLock()
         self.workers: list[Worker] = []
         self.feeds: list = []
@@ -60,7 +60,7 @@ class Routing:
             n = max(len(workers), 1)
             ctx = RouterContext(n, self.page_size, self.hash_algo, self.seed, self.cost,
                                 self.prefill_chunk)
-            self.router = make_router(self.router_name, ctx)
+            self.router = make_router(self.router_name, ctx, self.options)
             self.inflight = InFlight(n)
             self.indexes = [KVIndex() for _ in range(n)]
             self._seq = [0] * n
@@ -117,11 +117,20 @@ class Routing:
             if isinstance(feed, SentFeed):
                 feed.sent(info.tokens, info.namespace)
 
-    def first_output(self, rid: str) -> None:
+    def first_output(self, rid: str, now: float | None = None) -> None:
+        """`rid`'s first token came back (at `now`, time.monotonic(): its TTFT is measured from
+        the request's arrival; None: a whole response, no TTFT)."""
         with self.lock:
             got = self.inflight.first_output(rid)
             if got is not None:
+                if now is not None:
+                    self.router.on_ttft(got[0], got[1], max(now - got[1].arrival, 0.0))
                 self.router.on_first_token(*got)
+
+    def fit_quality(self):
+        """How the fitted TTFT tracks the measured one (None: the router fits nothing)."""
+        with self.lock:
+            return self.router.fit_quality()
 
     def finished(self, rid: str) -> None:
         with self.lock:

@@ -1,10 +1,12 @@
 """The gateway's own Prometheus metrics: requests per worker, retries, errors, the routing
-decision's time, healthy workers, and the cached tokens it predicted against those the workers
-reported in `usage`."""
+decision's time, healthy workers, the cached tokens it predicted against those the workers
+reported in `usage`, the TTFT it measured on streams, and (with a fitted TTFT) how the
+prediction tracks it and the fit's coefficients."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+_TTFT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _DECISION = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 
 
@@ -26,6 +28,22 @@ class GatewayMetrics:
                                  registry=r)
         self.reported = Counter("radixkv_route_reported_cached_tokens",
                                 "Cached prompt tokens the workers reported in usage", registry=r)
+        self.ttft = Histogram("radixkv_route_ttft_seconds", "Time to the first content of a "
+                              "stream, from the request's arrival", buckets=_TTFT, registry=r)
+        self.fit_error = Gauge("radixkv_route_ttft_fit_abs_error", "|predicted / measured TTFT "
+                               "- 1| over the fit's window, each predicted at routing",
+                               ["quantile"], registry=r)
+        self.fit_coef = Gauge("radixkv_route_ttft_fit_coefficient", "The fitted TTFT's "
+                              "coefficient of each feature", ["feature"], registry=r)
+        self.fit_seen = Gauge("radixkv_route_ttft_fit_observations", "TTFTs the fit has seen",
+                              registry=r)
 
-    def render(self) -> bytes:
+    def render(self, quality=None) -> bytes:
+        """The exposition; `quality` (a ttft_fit.FitQuality) refreshes the fit's gauges."""
+        if quality is not None:
+            self.fit_seen.set(quality.observations)
+            self.fit_error.labels("0.5").set(quality.median_abs_error)
+            self.fit_error.labels("0.9").set(quality.p90_abs_error)
+            for k, v in quality.coefficients.items():
+                self.fit_coef.labels(k).set(v)
         return generate_latest(self.registry)

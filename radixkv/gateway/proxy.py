@@ -168,6 +168,8 @@ class Gateway:
             w = self.routing.workers[i]
             predicted = await asyncio.to_thread(self.routing.predicted, i, info)
             self.metrics.predicted.inc(min(predicted, len(tokens) - 1))
+            log.debug("%s: %d prompt tokens to %s (%d held there)", info.rid, len(tokens), w.url,
+                      predicted)
             self.routing.sent(i, info)
             self.metrics.requests.labels(w.url).inc()
             try:
@@ -200,13 +202,17 @@ class Gateway:
                                  media_type=resp.headers.get("content-type", "text/event-stream"))
 
     async def _relay(self, resp: httpx.Response, info: RequestInfo):
-        first, tail = True, b""
+        first, tail, head = True, b"", b""
         try:
             try:
                 async for chunk in resp.aiter_raw():
-                    if first:
-                        first = False
-                        self.routing.first_output(info.rid)
+                    if first:                  # until the first content (a chat's role chunk is not)
+                        head += chunk
+                        if has_content(head):
+                            first = False
+                            now = time.monotonic()
+                            self.metrics.ttft.observe(now - info.arrival)
+                            self.routing.first_output(info.rid, now)
                     tail = (tail + chunk)[-4096:]
                     yield chunk
             except httpx.HTTPError as e:              # the worker failed after the first byte
@@ -265,12 +271,17 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(gw.metrics.render(gw.routing.fit_quality()),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/workers")
     async def workers():
-        return {"router": gw.routing.router_name,
-                "workers": [w.describe() for w in gw.routing.workers]}
+        out = {"router": gw.routing.router_name,
+               "workers": [w.describe() for w in gw.routing.workers]}
+        q = gw.routing.fit_quality()
+        if q is not None:
+            out["ttft_fit"] = q._asdict()
+        return out
 
     @app.post("/workers")
     async def add_worker(raw: HTTPRequest):
@@ -296,6 +307,34 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
         return {"removed": url.rstrip("/")}
 
     return app
+
+
+def has_content(head: bytes) -> bool:
+    """Whether the server-sent events in `head` (the stream so far) hold generated content: a
+    completion's text, a chat delta's content or reasoning, or the stream's end."""
+    for line in head.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return True
+        try:
+            obj = json.loads(data)
+        except ValueError:                     # a line cut across chunks: wait for the rest
+            continue
+        if not isinstance(obj, dict):
+            continue
+        choices = obj.get("choices")
+        for c in choices if isinstance(choices, list) else ():
+            if not isinstance(c, dict):
+                continue
+            delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
+            if c.get("text") or delta.get("content") or delta.get("reasoning_content") \
+                    or c.get("finish_reason"):
+                return True
+        if "error" in obj:
+            return True
+    return len(head) > 65536                   # no content in 64 KiB: count it as begun
 
 
 def parse_events_value(text: str) -> EventSource:

@@ -22,6 +22,13 @@ log = logging.getLogger(__name__)
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 USAGE = ("vllm:kv_cache_usage_perc", "sglang:token_usage")
+_WANTED = tuple(f"{n}{c}" for n in RUNNING + WAITING + USAGE for c in ("{", " "))
+
+
+def load_figures(text: str) -> dict[str, float]:
+    """The load samples of a worker's /metrics (parse_metrics over just their lines: a worker's
+    exposition is mostly histograms the gateway does not read)."""
+    return parse_metrics("\n".join(ln for ln in text.splitlines() if ln.startswith(_WANTED)))
 
 
 @dataclass
@@ -83,7 +90,7 @@ async def scrape(client: httpx.AsyncClient, w: Worker, interval: float) -> None:
         r = await client.get(f"{w.url}/metrics")
         if r.status_code != 200:
             return
-        values = parse_metrics(r.text)
+        values = load_figures(r.text)
     except (httpx.HTTPError, ValueError):
         return
     running, usage = _first(values, RUNNING), _first(values, USAGE)

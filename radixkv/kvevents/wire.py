@@ -187,8 +187,27 @@ def page_hashes(tokens, namespace: tuple, page_size: int, algo: str = "sha256", 
     page_size, algo = positive_int(page_size, "page_size"), check_hash_algo(algo)
     inner = (key.namespace[0], None) if salt_first_only else key.namespace
     out: list[int] = []
-    parent, memo = None, _CHAIN_MEMO
-    for i in range(len(key) // page_size):
+    parent, n, i = None, len(key) // page_size, 0
+    while i + _SPAN <= n:                     # whole spans: one lookup each when seen before
+        k = (parent, key.namespace, inner, i == 0, key.page(i // _SPAN, page_size * _SPAN),
+             page_size, algo)
+        span = _SPAN_MEMO.get(k)
+        if span is None:
+            span = _chain(parent, key, inner, i, i + _SPAN, page_size, algo)
+            if len(_SPAN_MEMO) >= _SPAN_MEMO_MAX:
+                _SPAN_MEMO.clear()
+            _SPAN_MEMO[k] = span
+        out.extend(span)
+        parent, i = span[-1], i + _SPAN
+    out.extend(_chain(parent, key, inner, i, n, page_size, algo))
+    return out
+
+
+def _chain(parent: int | None, key: RadixKey, inner: tuple, start: int, stop: int,
+           page_size: int, algo: str) -> tuple[int, ...]:
+    """The hashes of pages [start, stop) of `key`, chained from `parent`."""
+    out, memo = [], _CHAIN_MEMO
+    for i in range(start, stop):
         k = (parent, key.namespace if i == 0 else inner, key.page(i, page_size), algo)
         h = memo.get(k)
         if h is None:
@@ -198,10 +217,14 @@ def page_hashes(tokens, namespace: tuple, page_size: int, algo: str = "sha256", 
             memo[k] = h
         out.append(h)
         parent = h
-    return out
+    return tuple(out)
 
 
 # chained page hashes already computed: a prompt that shares a prefix with an earlier one
-# hashes only its new pages (a router hashes every prompt it routes)
+# hashes only its new pages (a router hashes every prompt it routes); and whole aligned spans
+# of _SPAN pages, so that a long shared prefix costs a lookup per span, not per page
 _CHAIN_MEMO: dict[tuple, int] = {}
 _CHAIN_MEMO_MAX = 1 << 18
+_SPAN = 64
+_SPAN_MEMO: dict[tuple, tuple[int, ...]] = {}
+_SPAN_MEMO_MAX = 1 << 14

@@ -147,6 +147,15 @@ class Router(ABC):
         """`request`, sent to `replica`, has finished (or was aborted); `on_first_token` may not
         have been called for it."""
 
+    def on_ttft(self, replica: int, request: RequestInfo, seconds: float) -> None:
+        """`request`'s first token came back `seconds` after it arrived (measured by the front
+        end: the gateway's clock, or the simulated one); called before `on_first_token`."""
+
+    def fit_quality(self):
+        """How a prediction this router fits online tracks what it is fitted to (a
+        ttft_fit.FitQuality), None when it fits nothing."""
+        return None
+
     # ---- helpers for subclasses ---------------------------------------------------------------
     def check_views(self, replicas: Sequence[ReplicaView]) -> None:
         if len(replicas) != self.n:

@@ -111,11 +111,13 @@ class Cluster:
             for req, info in [p for p in pool if p[0].first_token is not None]:
                 del rep.awaiting[req.rid]
                 rep.unprefilled -= req.prompt_len
+                router.on_ttft(r, info, req.first_token - req.arrival)
                 router.on_first_token(r, info)
         for req in rep.finished:
             if req.rid in rep.awaiting:               # finished in the step of its prefill
                 del rep.awaiting[req.rid]
                 rep.unprefilled -= req.prompt_len
+                router.on_ttft(r, rep.infos[req.rid], req.first_token - req.arrival)
             rep.budget -= req.max_new_tokens
             router.on_finish(r, rep.infos.pop(req.rid))
         rep.finished.clear()

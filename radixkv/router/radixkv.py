@@ -18,6 +18,14 @@ replica's published queue. wait + own is the predicted TTFT; the last term charg
 a replica would recompute beyond the best placement, once per request it delays: this one and,
 by Little's law, about as many later ones as are queued there now (work_weight 0: TTFT alone).
 Ties go to the longer held prefix, then the shorter queue, then the lower index.
+
+With `fit`, the predicted TTFT is instead a regression fitted online on the TTFTs measured for the
+requests routed so far (router/ttft_fit.py: wait and own as above, the requests ahead and
+running there, the KV tokens by which the replica's requests in flight would overflow its
+capacity, a fixed overhead), the recomputed prefill is priced at the fitted prices of its step
+time and tokens, and
+costs within `fit_tie` of the least go to the shorter queue: for a front end whose workers' time
+is not the step cost's (other hardware, a host-bound engine, KV memory that binds first).
 """
 from __future__ import annotations
 
@@ -25,9 +33,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from radixkv.router.base import (ROUTERS, Events, ReplicaView, RequestInfo, Router,
                                  RouterContext)
 from radixkv.router.llmd import EventIndexes
+from radixkv.router.ttft_fit import TTFTFit
 from radixkv.validate import finite_at_least
 
 
@@ -35,16 +46,25 @@ from radixkv.validate import finite_at_least
 class RadixKVOptions:
     work_weight: float = 3.0          # cost per second of prefill recomputed, per request delayed
     decode_weight: float = 0.0        # per second of its decode slowed by the batch it joins (0: off)
+    fit: bool = False                 # TTFT fitted online to the measured ones (ttft_fit.py)
+    fit_window: int = 512             # observations the fit regresses on (the latest)
+    fit_tie: float = 0.02             # with `fit`: costs within this share of the least tie
 
     def __post_init__(self):
         finite_at_least(self.work_weight, "radixkv work_weight", 0)
         finite_at_least(self.decode_weight, "radixkv decode_weight", 0)
+        finite_at_least(self.fit_tie, "radixkv fit_tie", 0)
+        if not isinstance(self.fit, bool):
+            raise ValueError(f"radixkv fit must be True or False, got {self.fit!r}")
 
 
 class Flight(NamedTuple):
     replica: int
     hashes: list[int]
     new_tokens: int              # predicted prefill work when routed
+    budget: int = 0              # its output budget
+    features: np.ndarray | None = None     # with `fit`: what the prediction saw, and said
+    predicted: float = 0.0
 
 
 class Prediction(NamedTuple):
@@ -70,7 +90,16 @@ class RadixKVRouter(Router):
         self.pending = [0] * self.n          # new tokens routed, first token not back yet
         self._flights: dict[str, Flight] = {}
         self._prefilling: set[str] = set()
-        self._last: tuple[str, list[int]] | None = None      # the last route's hashes
+        self._last: tuple[str, list[int], list] | None = None  # the last route's hashes, features
+        self.flying = [0] * self.n           # requests routed, not finished
+        self.ahead = [0] * self.n            # of those, first token not back yet
+        self.budget = [0] * self.n           # their output budgets
+        self.fit = None
+        if self.options.fit:
+            one = self.cost.step_time((), [2048])
+            running_prior = (self.cost.step_time((), [2048] * 9) - one) / 8   # a decode's share
+            overflow_prior = 80 * one              # ~ s per 1,000 tokens freed by finishing decodes
+            self.fit = TTFTFit(running_prior, overflow_prior, window=self.options.fit_window)
 
     # ---- prediction ---------------------------------------------------------------------------
     def prefill_time(self, prefix: int, new: int) -> float:
@@ -113,19 +142,44 @@ class RadixKVRouter(Router):
         ctx = request.prompt_len + request.max_new_tokens // 2
         return request.max_new_tokens * self.cost.step_time((), [ctx] * batch)
 
+    def features(self, r: int, request: RequestInfo, p: Prediction, view: ReplicaView
+                 ) -> np.ndarray:
+        """What the fitted TTFT of `request` on replica r is regressed on (ttft_fit.FEATURES)."""
+        locked = len(self.inflight[r]) * self.context.page_size + self.budget[r]
+        need = request.prompt_len - p.hit_tokens + request.max_new_tokens
+        over = max(0, locked + need - view.kv_capacity) / 1000 if view.kv_capacity else 0.0
+        new = (request.prompt_len - p.hit_tokens) / 1000
+        return np.array([p.wait, p.own, new, self.ahead[r], self.flying[r] - self.ahead[r], over,
+                         1.0])
+
     def route(self, request: RequestInfo, replicas: Sequence[ReplicaView]) -> int:
         self.check_views(replicas)
         hashes = self.page_hashes(request)
-        self._last = (request.rid, hashes)
         pred = self.predict(request, hashes)
         least = min(p.own for p in pred)
         w, dw = self.options.work_weight, self.options.decode_weight
         dec = [self.decode_time(request, v) for v in replicas] if dw else [0.0] * self.n
         fastest = min(dec)
-        return min(range(self.n), key=lambda r: (
-            pred[r].ttft + w * (1 + replicas[r].waiting) * (pred[r].own - least)
-            + dw * (dec[r] - fastest),
-            -pred[r].hit_tokens, replicas[r].queue_len, r))
+        if self.fit is None:
+            self._last = (request.rid, hashes, [])
+            return min(range(self.n), key=lambda r: (
+                pred[r].ttft + w * (1 + replicas[r].waiting) * (pred[r].own - least)
+                + dw * (dec[r] - fastest),
+                -pred[r].hit_tokens, replicas[r].queue_len, r))
+        xs = [self.features(r, request, pred[r], replicas[r]) for r in range(self.n)]
+        ttft = [self.fit.predict(x) for x in xs]
+        theta = self.fit.theta                  # the prefill's price: its step time and tokens
+        work = [theta[1] * x[1] + theta[2] * x[2] for x in xs]
+        least = min(work)
+        self._last = (request.rid, hashes, list(zip(xs, ttft)))
+        cost = [ttft[r] + w * (1 + replicas[r].waiting) * (work[r] - least)
+                + dw * (dec[r] - fastest) for r in range(self.n)]
+        # a difference far inside the fit's error is no reason to load a busier replica: costs
+        # within fit_tie of the least go to the shorter queue (a new prefix spreads, as it does
+        # in sglang-router below its match threshold)
+        bound = min(cost) * (1 + self.options.fit_tie)
+        return min((r for r in range(self.n) if cost[r] <= bound), key=lambda r: (
+            replicas[r].queue_len, cost[r], -pred[r].hit_tokens, r))
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def on_route(self, replica: int, request: RequestInfo) -> None:
@@ -133,28 +187,44 @@ class RadixKVRouter(Router):
         if request.rid in self._flights:
             raise ValueError(f"request {request.rid!r} is already routed")
         last = self._last
-        hashes = last[1] if last is not None and last[0] == request.rid else \
-            self.page_hashes(request)
+        fresh = last is not None and last[0] == request.rid
+        hashes = last[1] if fresh else self.page_hashes(request)
         hit = self.hit_tokens(replica, hashes, request.prompt_len)
         flying = self.inflight[replica]
         for h in hashes:
             flying[h] = flying.get(h, 0) + 1
         new = request.prompt_len - hit
-        self._flights[request.rid] = Flight(replica, hashes, new)
+        x, said = last[2][replica] if fresh and last[2] else (None, 0.0)
+        self._flights[request.rid] = Flight(replica, hashes, new, request.max_new_tokens, x, said)
         self._prefilling.add(request.rid)
         self.pending[replica] += new
+        self.flying[replica] += 1
+        self.ahead[replica] += 1
+        self.budget[replica] += request.max_new_tokens
+
+    def fit_quality(self):
+        return None if self.fit is None else self.fit.quality()
+
+    def on_ttft(self, replica: int, request: RequestInfo, seconds: float) -> None:
+        f = self._flights.get(request.rid)
+        if self.fit is not None and f is not None and f.features is not None \
+                and request.rid in self._prefilling:
+            self.fit.observe(f.features, seconds, f.predicted)
 
     def on_first_token(self, replica: int, request: RequestInfo) -> None:
         if request.rid in self._prefilling:
             self._prefilling.discard(request.rid)
             f = self._flights[request.rid]
             self.pending[f.replica] -= f.new_tokens
+            self.ahead[f.replica] -= 1
 
     def on_finish(self, replica: int, request: RequestInfo) -> None:
         self.on_first_token(replica, request)
         f = self._flights.pop(request.rid, None)
         if f is None:
             return
+        self.flying[f.replica] -= 1
+        self.budget[f.replica] -= f.budget
         flying = self.inflight[f.replica]
         for h in f.hashes:
             left = flying[h] - 1

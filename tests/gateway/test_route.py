@@ -15,7 +15,9 @@ from fastapi.responses import StreamingResponse
 
 from radixkv.cli import main
 from radixkv.gateway.core import EventSource, Routing
-from radixkv.gateway.proxy import Gateway, build_gateway_app
+from radixkv.gateway.proxy import Gateway, build_gateway_app, has_content
+from radixkv.gateway.workers import load_figures
+from radixkv.router.radixkv import RadixKVOptions
 from radixkv.gateway.tokens import Tokens
 from radixkv.kvevents.publisher import KVEventsConfig
 from radixkv.server.launch import ServerThread
@@ -41,9 +43,9 @@ def sources(ws) -> dict:
 
 
 @contextlib.contextmanager
-def gateway(urls, router: str, events=None, tokenizer=None, **kw):
-    gw = Gateway(urls, Routing(router, events=events, cost=CostModel.named(MODEL, "h100-sxm")),
-                 Tokens(tokenizer), **kw)
+def gateway(urls, router: str, events=None, tokenizer=None, options=None, **kw):
+    gw = Gateway(urls, Routing(router, events=events, cost=CostModel.named(MODEL, "h100-sxm"),
+                               options=options), Tokens(tokenizer), **kw)
     with ServerThread(build_gateway_app(gw)) as url:
         yield url, gw
 
@@ -231,6 +233,8 @@ def test_health_checks_and_the_fleet_at_run_time():
 @pytest.mark.parametrize("argv, message", [
     (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "radixkv"],
      "--router radixkv prices each worker's queue: give --model NAME"),
+    (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin", "--fit-ttft"],
+     "--fit-ttft fits the radixkv router's TTFT; --router is 'round-robin'"),
     (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin", "--kv-events",
       "http://127.0.0.1:2=tcp://127.0.0.1:3"], "with URL one of --worker-urls"),
     (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin", "--kv-events",
@@ -259,3 +263,52 @@ def test_regression_a_worker_down_at_start_waits_out_of_the_rotation_and_bad_wor
                 assert r.status_code == 400 and "a worker URL is http://HOST:PORT" in r.text
             assert httpx.post(f"{url}/workers", json={}).status_code == 400
             assert len(gw.routing.workers) == 2
+
+
+def test_the_fitted_ttft_learns_from_streams_and_says_how_well_it_tracks_them():
+    """With --fit-ttft every streamed request's TTFT (to its first content, not a chat's role
+    chunk) reaches the fit; a whole response does not; /workers and /metrics report it."""
+    with fleet(2) as ws, gateway([u for u, _ in ws], "radixkv", sources(ws),
+                                 options=RadixKVOptions(fit=True)) as (url, gw):
+        with httpx.Client(base_url=url, timeout=60) as c:
+            for i in range(6):
+                body = {"model": MODEL, "max_tokens": 3, "stream": True}
+                if i % 2:
+                    body["messages"] = [{"role": "user", "content": f"{PREFIX} q{i}"}]
+                    path = "/v1/chat/completions"
+                else:
+                    body["prompt"], path = f"{PREFIX} q{i}", "/v1/completions"
+                with c.stream("POST", path, json=body) as r:
+                    assert r.status_code == 200 and list(r.iter_lines())[-2] == "data: [DONE]"
+            assert c.post("/v1/completions", json={"model": MODEL, "prompt": "whole",
+                                                   "max_tokens": 2}).status_code == 200
+        fit = httpx.get(f"{url}/workers").json()["ttft_fit"]
+        assert fit["observations"] == 6 and fit["coefficients"]["own"] >= 0
+        assert gw.routing.router.fit.seen == 6
+        assert gw_metric(url, "radixkv_route_ttft_seconds_count") == 6
+        assert gw_metric(url, "radixkv_route_ttft_fit_observations") == 6
+        assert [k for k, _ in series(url, "radixkv_route_ttft_fit_abs_error")] == \
+            ['{quantile="0.5"}', '{quantile="0.9"}']
+        assert gw.routing.router.flying == [0, 0] and gw.routing.inflight.infos == {}
+    with fleet(1) as ws, gateway([u for u, _ in ws], "radixkv", sources(ws)) as (url, _):
+        assert "ttft_fit" not in httpx.get(f"{url}/workers").json()      # nothing fitted
+
+
+def test_first_content_is_told_from_a_role_chunk_and_load_lines_from_the_rest():
+    role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+    text = b'data: {"choices":[{"index":0,"text":"Hi","finish_reason":null}]}\n\n'
+    chat = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+    assert not has_content(role) and not has_content(b"") and not has_content(b": ping\n\n")
+    assert has_content(text) and has_content(role + chat) and has_content(b"data: [DONE]\n\n")
+    assert not has_content(text[:30])                    # a line cut across chunks: not yet
+    assert has_content(b'data: {"error":{"message":"x"}}\n\n')
+    assert not has_content(b'data: {"choices":7}\n\ndata: [1,2]\n\n')
+    exposition = "\n".join([
+        "# HELP vllm:num_requests_running Requests running", "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{model_name="m"} 3.0', 'vllm:num_requests_waiting{model_name="m"} 1',
+        'vllm:kv_cache_usage_perc{model_name="m"} 0.25', "vllm:num_requests_running_other 9",
+        'vllm:e2e_request_latency_seconds_bucket{le="0.1"} 4.0', "sglang:num_queue_reqs 2"])
+    assert load_figures(exposition) == {"vllm:num_requests_running": 3.0,
+                                        "vllm:num_requests_waiting": 1.0,
+                                        "vllm:kv_cache_usage_perc": 0.25,
+                                        "sglang:num_queue_reqs": 2.0}

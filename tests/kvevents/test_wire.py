@@ -3,6 +3,7 @@ vLLM events, the page hashes a router computes, and KVIndex's pure part (no sock
 from __future__ import annotations
 
 import msgspec
+from hypothesis import given, settings, strategies as st
 import numpy as np
 import pytest
 
@@ -228,3 +229,27 @@ def test_a_mixed_or_unknown_encoding_is_refused():
         decode_batch(msgspec.msgpack.encode([1.0, [["AllBlocksCleared"], {"type": "AllBlocksCleared"}]]))
     with pytest.raises(ValueError, match="unknown KV event encoding 'json'; valid: map, array"):
         encode_batch(0.0, [], encoding="json")
+
+
+def _chained(tokens, namespace, page_size, algo, salt_first_only=False):
+    """page_hashes by its definition: one chain_hash per page, nothing memoised."""
+    k = key(tokens, namespace)
+    inner = (k.namespace[0], None) if salt_first_only else k.namespace
+    out, parent = [], None
+    for i in range(len(k) // page_size):
+        parent = chain_hash(parent, k.namespace if i == 0 else inner, k.page(i, page_size), algo)
+        out.append(parent)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=300), st.lists(st.integers(0, 3), max_size=140),
+       st.integers(0, 300), st.sampled_from([1, 2, 16]),
+       st.sampled_from([(None, None), ("lora", None), (None, "salt"), ("x", "y")]),
+       st.booleans(), st.sampled_from(["sha256", "xxhash"]))
+def test_page_hashes_memoised_by_span_equal_the_plain_chain(base, tail, cut, ps, ns, first, algo):
+    # regression: the span memo (64 pages per lookup) must agree with the per-page chain for
+    # prompts that share a prefix, end mid-span, or differ inside a span seen before
+    for t in (base, base[:cut] + tail, base + tail):
+        assert page_hashes(t, ns, ps, algo, salt_first_only=first) == \
+            _chained(t, ns, ps, algo, first)

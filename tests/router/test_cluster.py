@@ -44,6 +44,9 @@ class Recorder(Router):
     def on_events(self, replica, events):
         self.calls.append(("events", replica, len(events)))
 
+    def on_ttft(self, replica, request, seconds):
+        self.calls.append(("ttft", replica, request.rid, seconds))
+
     def on_first_token(self, replica, request):
         self.calls.append(("first", replica, request.rid))
 
@@ -58,11 +61,16 @@ def test_hooks_in_order_and_every_replica_conserves():
     cluster.run([(q, None) for q in reqs])
     cluster.check()                                    # manager.check() on every replica
     seen: dict[str, list[str]] = {}
-    for kind, replica, rid in router.calls:
+    ttft = {}
+    for kind, replica, rid, *rest in router.calls:
         if kind != "events":
             seen.setdefault(rid, []).append(kind)
-    assert all(v == ["route", "first", "finish"] for v in seen.values())
+        if kind == "ttft":
+            ttft[rid] = rest[0]
+    assert all(v == ["route", "ttft", "first", "finish"] for v in seen.values())
     assert len(seen) == len(reqs)
+    done = {q.rid: q for rep in cluster.replicas for q in rep.engine.finished}
+    assert ttft == {rid: q.first_token - q.arrival for rid, q in done.items()}
     assert any(k == "events" for k, *_ in router.calls)
     per_replica = [len(rep.engine.finished) for rep in cluster.replicas]
     assert sum(per_replica) == len(reqs) and min(per_replica) > 0

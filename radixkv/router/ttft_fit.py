@@ -1,0 +1,105 @@
+"""A TTFT predictor fitted online from the TTFTs a front end observes: the measured time to first
+token of each request, regressed on what the router knew when it routed it.
+
+The features of a request on a replica (router/radixkv.py computes them):
+
+  wait      seconds of prefill queued ahead of it (the step cost's price of the pending tokens)
+  own       seconds of its own prefill after its held prefix (the step cost's price)
+  new       thousands of those prompt tokens (a host's cost per token: tokenizing, hashing,
+            inserting, which the step cost does not price)
+  ahead     requests routed there whose first token has not come back
+  running   requests there past their first token (each one's decode shares every step)
+  overflow  thousands of KV tokens by which the requests in flight there, plus this one, exceed
+            the replica's KV capacity (they wait for running ones to finish)
+  1         a fixed overhead (the front end, the network, the tokenizer)
+
+The prediction is theta . x with theta >= 0, the ridge-regularised non-negative least squares over
+the last `window` observations, pulled toward the prior (wait and own priced as the step cost
+says, each running request at what it adds to a step, a price per thousand overflowing tokens,
+nothing per token, ahead or fixed) with the weight of `prior`
+observations per feature, so that a feature the data never varies keeps its prior. Non-negative
+least squares over seven features is solved exactly by trying every support (the optimum is the
+unconstrained optimum on its support, and feasible). Every observation is also scored against the
+prediction made when its request was routed, before the fit saw it (prequential error), which is
+how well the prediction tracks the measured TTFT.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import NamedTuple
+
+import numpy as np
+
+from radixkv.validate import finite_at_least, positive_int
+
+FEATURES = ("wait", "own", "new", "ahead", "running", "overflow", "overhead")
+
+
+class FitQuality(NamedTuple):
+    observations: int
+    median_abs_error: float        # median |predicted / measured - 1|, each predicted at routing
+    p90_abs_error: float
+    coefficients: dict[str, float]
+
+
+class TTFTFit:
+    def __init__(self, running_prior: float, overflow_prior: float, *, window: int = 512,
+                 prior: float = 4.0, refit_every: int = 8):
+        finite_at_least(running_prior, "TTFTFit running_prior", 0)
+        finite_at_least(overflow_prior, "TTFTFit overflow_prior", 0)
+        positive_int(window, "TTFTFit window")
+        finite_at_least(prior, "TTFTFit prior", 0)
+        positive_int(refit_every, "TTFTFit refit_every")
+        self.theta0 = np.array([1.0, 1.0, 0.0, 0.0, running_prior, overflow_prior, 0.0])
+        self.theta = self.theta0.copy()
+        self.prior, self.refit_every = prior, refit_every
+        self.xs: deque[np.ndarray] = deque(maxlen=window)
+        self.ys: deque[float] = deque(maxlen=window)
+        self.errors: deque[float] = deque(maxlen=window)
+        self.seen = 0
+        self._supports = [s for k in range(1, len(FEATURES) + 1)
+                          for s in itertools.combinations(range(len(FEATURES)), k)]
+
+    def predict(self, x: np.ndarray) -> float:
+        return float(self.theta @ x)
+
+    def observe(self, x: np.ndarray, measured: float, predicted: float) -> None:
+        """`measured` seconds to the first token of a request routed with features `x`, for
+        which `predicted` was said at routing."""
+        finite_at_least(measured, "measured TTFT", 0)
+        self.xs.append(np.asarray(x, dtype=float))
+        self.ys.append(measured)
+        if measured > 0:
+            self.errors.append(abs(predicted / measured - 1.0))
+        self.seen += 1
+        if self.seen % self.refit_every == 0:
+            self.refit()
+
+    def refit(self) -> None:
+        if not self.xs:
+            return
+        X, y = np.vstack(self.xs), np.fromiter(self.ys, float, len(self.ys))
+        # the prior as pseudo-observations: feature j pulled to theta0[j] with the weight of
+        # `prior` typical observations of it
+        scale = np.sqrt(self.prior * np.maximum((X ** 2).mean(axis=0), 1e-12))
+        A = np.vstack([X, np.diag(scale)])
+        b = np.concatenate([y, scale * self.theta0])
+        best, best_res = np.zeros(len(FEATURES)), float(b @ b)
+        for s in self._supports:
+            cols = list(s)
+            sol = np.linalg.lstsq(A[:, cols], b, rcond=None)[0]
+            if (sol < 0).any():
+                continue
+            r = A[:, cols] @ sol - b
+            res = float(r @ r)
+            if res < best_res:
+                best_res, best = res, np.zeros(len(FEATURES))
+                best[cols] = sol
+        self.theta = best
+
+    def quality(self) -> FitQuality:
+        e = np.fromiter(self.errors, float, len(self.errors))
+        med, p90 = (float(np.median(e)), float(np.quantile(e, 0.9))) if len(e) else (0.0, 0.0)
+        return FitQuality(self.seen, med, p90,
+                          {f: round(float(t), 6) for f, t in zip(FEATURES, self.theta)})
