@@ -1,7 +1,7 @@
 """Gateways side by side, live: the same `radixkv serve --executor sim` workers (Llama-3-8B on an
 H100, KV events on), the same bench-serve load, through
 
-- radixkv route (`--router radixkv --fit-ttft`, the workers' KV events, the TTFT fitted online,
+- radixkv route (`--router radixkv-fit`, the workers' KV events, the TTFT fitted online,
   the workers' tokenizer loaded locally), and the same priced by the named model's step cost
   alone (`--model`, no fit),
 - radixkv route `--router round-robin` (the baseline),
@@ -64,7 +64,7 @@ def gateways(urls: list[str], events: dict[str, str], port: int, tokenizer: str
     route = [sys.executable, "-m", "radixkv", "route", "--worker-urls", *urls, "--host",
              "127.0.0.1", "--port", str(port), "--tokenizer", tokenizer]
     out: dict[str, list[str] | None] = {
-        "radixkv route": route + ["--router", "radixkv", "--model", MODEL, "--fit-ttft", *kv],
+        "radixkv route": route + ["--router", "radixkv-fit", "--model", MODEL, *kv],
         "radixkv route, step cost only": route + ["--router", "radixkv", "--model", MODEL, *kv],
         "round-robin": route + ["--router", "round-robin"],
     }
@@ -190,7 +190,7 @@ def main() -> int:
     for k, v in latency.items():
         lat.add_row(k, f"{v:.2f}")
     con.print(lat)
-    fits = Table(title="radixkv route --fit-ttft: the TTFT predicted at routing against the measured")
+    fits = Table(title="radixkv route (radixkv-fit): the TTFT predicted at routing against the measured")
     for col in ("workload", "TTFTs seen", "median |pred/meas - 1|", "p90", "coefficients"):
         fits.add_column(col)
     for r in rows:

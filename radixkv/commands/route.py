@@ -28,17 +28,14 @@ def register(subparsers: Any) -> None:
                    help="tokenize locally with the workers' tokenizer (default: ask the workers' "
                         "/tokenize)")
     p.add_argument("--model", metavar="NAME",
-                   help=f"the radixkv router's step cost: the served model "
-                        f"({', '.join(sorted(MODEL_SPECS))})")
+                   help=f"the radixkv routers' step cost: the served model "
+                        f"({', '.join(sorted(MODEL_SPECS))}); radixkv-fit, which fits each "
+                        f"worker's TTFT online to the TTFTs the gateway measures, rescales it and "
+                        f"takes llama-3-8b without one")
     p.add_argument("--gpu", default="h100-sxm", choices=sorted(GPU_SPECS), metavar="NAME",
                    help="the workers' GPU for that step cost (default: h100-sxm)")
     p.add_argument("--profile", type=Path, metavar="FILE",
                    help="price steps with a `radixkv calibrate` profile instead")
-    p.add_argument("--fit-ttft", action="store_true",
-                   help="--router radixkv: predict each worker's TTFT by a regression fitted "
-                        "online to the TTFTs the gateway measures (its features priced by --model "
-                        "or --profile; without either, by llama-3-8b on --gpu, which the fit "
-                        "rescales); /workers and /metrics say how well it tracks them")
     p.add_argument("--approx-ttl", type=float, default=120.0, metavar="S",
                    help="without KV events: seconds a sent prefix counts as held (default: 120)")
     p.add_argument("--health-interval", type=float, default=2.0, metavar="S",
@@ -73,21 +70,14 @@ def build(args: argparse.Namespace):
     elif args.model is not None:
         from radixkv.sim.costmodel import CostModel
         cost = CostModel.named(args.model, args.gpu)
-    elif args.router == "radixkv" and args.fit_ttft:
+    elif args.router == "radixkv-fit":            # the features' shape; the fit rescales it
         from radixkv.sim.costmodel import CostModel
         cost = CostModel.named("llama-3-8b", args.gpu)
     elif args.router == "radixkv":
         raise ValueError("--router radixkv prices each worker's queue: give --model NAME (and "
-                         "--gpu), --profile FILE, or --fit-ttft")
-    options = None
-    if args.fit_ttft:
-        if args.router != "radixkv":
-            raise ValueError(f"--fit-ttft fits the radixkv router's TTFT; --router is "
-                             f"{args.router!r}")
-        from radixkv.router.radixkv import RadixKVOptions
-        options = RadixKVOptions(fit=True)
+                         "--gpu) or --profile FILE, or take --router radixkv-fit")
     routing = Routing(args.router, events=events, cost=cost, seed=args.seed,
-                      sent_ttl=args.approx_ttl, options=options)
+                      sent_ttl=args.approx_ttl)
     tokens = Tokens(args.tokenizer)
     return build_gateway_app(Gateway(args.worker_urls, routing, tokens,
                                      health_interval=args.health_interval))

@@ -235,3 +235,15 @@ class RadixKVRouter(Router):
 
     def on_events(self, replica: int, events: Events) -> None:
         self.index.apply(self.check_replica(replica), events)
+
+
+@ROUTERS.register("radixkv-fit")
+class RadixKVFitRouter(RadixKVRouter):
+    """The radixkv rule with its TTFT fitted online to the measured ones (`fit`)."""
+    name = "radixkv-fit"
+
+    def __init__(self, context: RouterContext, options: RadixKVOptions | None = None):
+        options = RadixKVOptions(fit=True) if options is None else options
+        if isinstance(options, RadixKVOptions) and not options.fit:
+            raise ValueError("router 'radixkv-fit' fits its TTFT: its options need fit=True")
+        super().__init__(context, options)

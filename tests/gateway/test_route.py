@@ -17,7 +17,6 @@ from radixkv.cli import main
 from radixkv.gateway.core import EventSource, Routing
 from radixkv.gateway.proxy import Gateway, build_gateway_app, has_content
 from radixkv.gateway.workers import load_figures
-from radixkv.router.radixkv import RadixKVOptions
 from radixkv.gateway.tokens import Tokens
 from radixkv.kvevents.publisher import KVEventsConfig
 from radixkv.server.launch import ServerThread
@@ -233,8 +232,8 @@ def test_health_checks_and_the_fleet_at_run_time():
 @pytest.mark.parametrize("argv, message", [
     (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "radixkv"],
      "--router radixkv prices each worker's queue: give --model NAME"),
-    (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin", "--fit-ttft"],
-     "--fit-ttft fits the radixkv router's TTFT; --router is 'round-robin'"),
+    (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "radixkv-fit", "--profile",
+      "/nonexistent/profile.json"], "/nonexistent/profile.json"),
     (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin", "--kv-events",
       "http://127.0.0.1:2=tcp://127.0.0.1:3"], "with URL one of --worker-urls"),
     (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin", "--kv-events",
@@ -266,10 +265,9 @@ def test_regression_a_worker_down_at_start_waits_out_of_the_rotation_and_bad_wor
 
 
 def test_the_fitted_ttft_learns_from_streams_and_says_how_well_it_tracks_them():
-    """With --fit-ttft every streamed request's TTFT (to its first content, not a chat's role
+    """With radixkv-fit every streamed request's TTFT (to its first content, not a chat's role
     chunk) reaches the fit; a whole response does not; /workers and /metrics report it."""
-    with fleet(2) as ws, gateway([u for u, _ in ws], "radixkv", sources(ws),
-                                 options=RadixKVOptions(fit=True)) as (url, gw):
+    with fleet(2) as ws, gateway([u for u, _ in ws], "radixkv-fit", sources(ws)) as (url, gw):
         with httpx.Client(base_url=url, timeout=60) as c:
             for i in range(6):
                 body = {"model": MODEL, "max_tokens": 3, "stream": True}

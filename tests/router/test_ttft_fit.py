@@ -91,6 +91,9 @@ def test_bad_fit_settings_and_measurements_are_named(args, message):
         RadixKVOptions(fit=True, fit_tie=-0.1)
     with pytest.raises(ValueError, match="fit must be True or False"):
         RadixKVOptions(fit=1)
+    with pytest.raises(ValueError, match="router 'radixkv-fit' fits its TTFT"):
+        make_router("radixkv-fit", RouterContext(2, cost=COST), RadixKVOptions(fit=False))
+    assert make_router("radixkv-fit", RouterContext(2, cost=COST)).fit is not None
 
 
 def test_the_router_fits_on_the_features_it_routed_on_and_ignores_late_reports():
