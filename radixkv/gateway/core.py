@@ -102,6 +102,20 @@ class Routing:
                     return i
             return min(ok, key=lambda j: (views[j].queue_len, views[j].prefill_tokens, j))
 
+    def place(self, info: RequestInfo, exclude: frozenset[int] = frozenset()
+              ) -> tuple[int, Worker, int] | None:
+        """Choose the worker for `info` and record the request as sent there, in one step, so
+        that a request routed concurrently decides knowing where this one went: (its index, the
+        worker, the prompt tokens predicted held there), or None when no healthy worker is
+        left."""
+        with self.lock:
+            i = self.choose(info, exclude)
+            if i is None:
+                return None
+            predicted = self.predicted(i, info)
+            self.sent(i, info)
+            return i, self.workers[i], predicted
+
     def predicted(self, i: int, info: RequestInfo) -> int:
         """The prompt tokens worker i holds by what the gateway knows (its events, or what it
         sent), in whole pages."""

@@ -160,17 +160,15 @@ class Gateway:
         tried: set[int] = set()
         while True:
             t0 = time.perf_counter()              # off the event loop: it hashes the prompt
-            i = await asyncio.to_thread(self.routing.choose, info, frozenset(tried))
+            placed = await asyncio.to_thread(self.routing.place, info, frozenset(tried))
             self.metrics.decision.observe(time.perf_counter() - t0)
-            if i is None:
+            if placed is None:
                 self.metrics.errors.labels("no_worker").inc()
                 return _error(503, "no healthy worker could take the request")
-            w = self.routing.workers[i]
-            predicted = await asyncio.to_thread(self.routing.predicted, i, info)
+            i, w, predicted = placed
             self.metrics.predicted.inc(min(predicted, len(tokens) - 1))
             log.debug("%s: %d prompt tokens to %s (%d held there)", info.rid, len(tokens), w.url,
                       predicted)
-            self.routing.sent(i, info)
             self.metrics.requests.labels(w.url).inc()
             try:
                 req = self.client.build_request("POST", f"{w.url}{path}", json=body,

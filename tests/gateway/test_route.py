@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -280,11 +281,20 @@ def test_the_fitted_ttft_learns_from_streams_and_says_how_well_it_tracks_them():
                     assert r.status_code == 200 and list(r.iter_lines())[-2] == "data: [DONE]"
             assert c.post("/v1/completions", json={"model": MODEL, "prompt": "whole",
                                                    "max_tokens": 2}).status_code == 200
+
+        def stream(i: int) -> None:
+            body = {"model": MODEL, "prompt": f"{PREFIX} c{i}", "max_tokens": 3, "stream": True}
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+                assert r.status_code == 200 and list(r.iter_lines())[-2] == "data: [DONE]"
+        # regression: concurrent requests were chosen before the previous ones were recorded
+        # (the router's last route overwritten), so their TTFTs never reached the fit
+        with ThreadPoolExecutor(8) as ex:
+            list(ex.map(stream, range(8)))
         fit = httpx.get(f"{url}/workers").json()["ttft_fit"]
-        assert fit["observations"] == 6 and fit["coefficients"]["own"] >= 0
-        assert gw.routing.router.fit.seen == 6
-        assert gw_metric(url, "radixkv_route_ttft_seconds_count") == 6
-        assert gw_metric(url, "radixkv_route_ttft_fit_observations") == 6
+        assert fit["observations"] == 14 and fit["coefficients"]["own"] >= 0
+        assert gw.routing.router.fit.seen == 14
+        assert gw_metric(url, "radixkv_route_ttft_seconds_count") == 14
+        assert gw_metric(url, "radixkv_route_ttft_fit_observations") == 14
         assert [k for k, _ in series(url, "radixkv_route_ttft_fit_abs_error")] == \
             ['{quantile="0.5"}', '{quantile="0.9"}']
         assert gw.routing.router.flying == [0, 0] and gw.routing.inflight.infos == {}
