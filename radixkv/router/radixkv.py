@@ -156,11 +156,11 @@ class RadixKVRouter(Router):
         self.check_views(replicas)
         hashes = self.page_hashes(request)
         pred = self.predict(request, hashes)
-        least = min(p.own for p in pred)
         w, dw = self.options.work_weight, self.options.decode_weight
         dec = [self.decode_time(request, v) for v in replicas] if dw else [0.0] * self.n
         fastest = min(dec)
         if self.fit is None:
+            least = min(p.own for p in pred)
             self._last = (request.rid, hashes, [])
             return min(range(self.n), key=lambda r: (
                 pred[r].ttft + w * (1 + replicas[r].waiting) * (pred[r].own - least)

@@ -18,14 +18,13 @@ the last `window` observations, pulled toward the prior (wait and own priced as 
 says, each running request at what it adds to a step, a price per thousand overflowing tokens,
 nothing per token, ahead or fixed) with the weight of `prior`
 observations per feature, so that a feature the data never varies keeps its prior. Non-negative
-least squares over seven features is solved exactly by trying every support (the optimum is the
-unconstrained optimum on its support, and feasible). Every observation is also scored against the
+least squares over seven features is solved exactly on its normal equations by Lawson and
+Hanson's active-set method. Every observation is also scored against the
 prediction made when its request was routed, before the fit saw it (prequential error), which is
 how well the prediction tracks the measured TTFT.
 """
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from typing import NamedTuple
 
@@ -58,8 +57,6 @@ class TTFTFit:
         self.ys: deque[float] = deque(maxlen=window)
         self.errors: deque[float] = deque(maxlen=window)
         self.seen = 0
-        self._supports = [s for k in range(1, len(FEATURES) + 1)
-                          for s in itertools.combinations(range(len(FEATURES)), k)]
 
     def predict(self, x: np.ndarray) -> float:
         return float(self.theta @ x)
@@ -83,23 +80,47 @@ class TTFTFit:
         # the prior as pseudo-observations: feature j pulled to theta0[j] with the weight of
         # `prior` typical observations of it
         scale = np.sqrt(self.prior * np.maximum((X ** 2).mean(axis=0), 1e-12))
-        A = np.vstack([X, np.diag(scale)])
-        b = np.concatenate([y, scale * self.theta0])
-        best, best_res = np.zeros(len(FEATURES)), float(b @ b)
-        for s in self._supports:
-            cols = list(s)
-            sol = np.linalg.lstsq(A[:, cols], b, rcond=None)[0]
-            if (sol < 0).any():
-                continue
-            r = A[:, cols] @ sol - b
-            res = float(r @ r)
-            if res < best_res:
-                best_res, best = res, np.zeros(len(FEATURES))
-                best[cols] = sol
-        self.theta = best
+        # the system [X; diag(scale)] theta ~ [y; scale * theta0] through its normal equations
+        # (7 x 7), by Lawson and Hanson's active set: this runs on the gateway's event loop
+        self.theta = _nnls(X.T @ X + np.diag(scale ** 2), X.T @ y + scale ** 2 * self.theta0)
 
     def quality(self) -> FitQuality:
         e = np.fromiter(self.errors, float, len(self.errors))
         med, p90 = (float(np.median(e)), float(np.quantile(e, 0.9))) if len(e) else (0.0, 0.0)
         return FitQuality(self.seen, med, p90,
                           {f: round(float(t), 6) for f, t in zip(FEATURES, self.theta)})
+
+
+def _solve(G: np.ndarray, c: np.ndarray, cols: list[int]) -> np.ndarray:
+    try:
+        return np.linalg.solve(G[np.ix_(cols, cols)], c[cols])
+    except np.linalg.LinAlgError:
+        return np.linalg.lstsq(G[np.ix_(cols, cols)], c[cols], rcond=None)[0]
+
+
+def _nnls(G: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """argmin over theta >= 0 of theta' G theta - 2 c' theta (G positive definite): Lawson and
+    Hanson's active set on the normal equations."""
+    g = np.diag(G)                            # unit diagonal: one tolerance fits every feature
+    d = np.where(g > 0, 1.0 / np.sqrt(np.where(g > 0, g, 1.0)), 1.0)
+    G, c, k = G * np.outer(d, d), c * d, len(c)
+    theta, free = np.zeros(k), []
+    tol = 1e-12 * max(1.0, float(np.abs(c).max()))
+    for _ in range(3 * k):
+        grad = c - G @ theta                   # the descent direction of each bound coefficient
+        bound = [j for j in range(k) if j not in free]
+        if not bound or max(grad[j] for j in bound) <= tol:
+            break
+        free.append(max(bound, key=lambda j: grad[j]))
+        while True:
+            s = np.zeros(k)
+            s[free] = _solve(G, c, free)
+            if (s[free] > 0).all():
+                theta = s
+                break
+            # step toward s until a coefficient reaches 0; it leaves the free set
+            alpha = min(theta[j] / (theta[j] - s[j]) for j in free if s[j] <= 0)
+            theta = theta + alpha * (s - theta)
+            free = [j for j in free if theta[j] > tol]
+            theta[[j for j in range(k) if j not in free]] = 0.0
+    return theta * d
