@@ -6,6 +6,7 @@ meta-llama/Meta-Llama-3-70B, Qwen/Qwen2-7B); tiny-* are our own CPU-sized shapes
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from radixkv.validate import positive_int
 
@@ -37,11 +38,11 @@ class ModelArgs:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
 
-    @property
+    @cached_property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
-    @property
+    @cached_property
     def num_params(self) -> int:
         """Parameter count (embeddings and LM head included)."""
         hd = self.head_dim
@@ -53,7 +54,7 @@ class ModelArgs:
         embed = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
         return self.n_layers * (attn + mlp + norms) + embed + self.dim
 
-    @property
+    @cached_property
     def num_nonembed_params(self) -> int:
         """Parameters that do matmul work per token (the LM head counts; the lookup does not)."""
         return self.num_params - self.vocab_size * self.dim

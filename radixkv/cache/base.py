@@ -298,3 +298,9 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def _dec_lock(self, node: Any) -> None: ...
+
+    def _relock(self, old: Any, new: Any) -> None:
+        """Move one lock from `old` to `new`, both checked: lock `new`, then unlock `old`, so
+        what they share never becomes evictable in between."""
+        self._inc_lock(new)
+        self._dec_lock(old)

@@ -11,10 +11,11 @@ namespace and a node per distinct content under its parent's, found among the pa
 children by the block's token ids as bytes (compared in full: nothing can collide). A node
 lists the blocks cached with its content, oldest first (vLLM's hash -> blocks bucket: two or
 more when identical content was computed twice; the oldest serves hits), and lives while it
-has a block or a child, so an orphan (a block whose parent block was evicted) is found again
-once the parent content returns, as under a hash chain. The chained hashes (`hash_algo`) are
-computed by `chain_hash` for every stored block when events are on (they are the events'
-identity), and on first use otherwise (`Block.hash`, `by_hash`, `block_hashes`).
+has a block or a child (or, bare, until the next pruning), so an orphan (a block whose parent
+block was evicted) is found again once the parent content returns, as under a hash chain. The
+chained hashes (`hash_algo`) are computed by `chain_hash` for every stored block when events
+are on (they are the events' identity), and on first use otherwise (`Block.hash`, `by_hash`,
+`block_hashes`).
 
 Block states (the free queue of vLLM split in two):
   unhashed, unused    -> the SlotPool (vLLM puts these at the head of the free queue)
@@ -28,8 +29,18 @@ cached twice (`duplicate_blocks` counts it).
 Layout. No Python object per block: a million cached blocks would be millions of objects for
 every full garbage collection to walk. Per block id: numpy arrays, so a chain is checked,
 locked or unlocked in a few vectorised operations. Per node: lists of ints, bytes and
-{bytes: int} dicts (none tracked by the collector), read one entry at a time while walking.
+{bytes: int} dicts (none tracked by the collector), read one entry at a time while walking,
+and two arrays (first copy, child count) that a path's or an eviction's nodes read at once.
 A handle is a `Chain` of block ids and registration serials; `Block`s are made when read.
+
+Walks. A request's match and inserts walk one prefix, so the last walk (its pages and trie
+path) is kept and resumed. Evicting a block leaves its node in place (bare, when it has no
+child either); bare nodes are dropped in batches, once there are more of them than cached
+blocks, so content evicted and computed again finds its node. Only that pruning removes
+nodes, and it cuts the kept path's dropped tail (a dropped node has no child, so the dropped
+nodes of a path are its last ones). Reference counts live with the handles in
+cache/blockhash_handles.py; events, inspection, stats and `check_invariants` in
+cache/blockhash_check.py.
 """
 from __future__ import annotations
 
@@ -39,31 +50,36 @@ from typing import Iterable
 import numpy as np
 
 from radixkv.cache.base import InsertResult, MatchResult, PrefixCache, as_key
+from radixkv.cache.blockhash_check import BlockChecks
 from radixkv.cache.blockhash_handles import TOKEN as _TOKEN
-from radixkv.cache.blockhash_handles import Block, BlockViews, Chain
-from radixkv.cache.events import KVEvent, chain_hash, check_hash_algo
+from radixkv.cache.blockhash_handles import Block, BlockLocks, BlockViews, Chain
+from radixkv.cache.events import KVEvent, check_hash_algo, removed_events
 from radixkv.cache.free_queue import FreeQueue
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS
 
 _versions = itertools.count(1)          # match stamps, unique across caches and resets
+_NO_IDS = np.zeros(0, np.int64)
+_PRUNE_AT = 1024                        # bare nodes kept at least, and up to one per cached block
+_PRUNE_SHARE = 1
 
 
-class BlockHashCache(BlockViews, PrefixCache):
+class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
     name = "blockhash"
 
     def __init__(self, block_size: int = 16, hash_algo: str = "sha256", enable_events: bool = False):
         super().__init__(block_size, "block_size")
         self.block_size = block_size
         self.hash_algo, self.enable_events = check_hash_algo(hash_algo), enable_events
-        self._row = np.dtype((np.void, block_size * _TOKEN.itemsize))   # one block of key.numpy()
+        self._row = np.dtype((np.void, block_size * _TOKEN.itemsize))   # one block of key.buf
+        self._offsets = np.arange(block_size, dtype=np.int64)          # a block's slots past its first
         self._events: list[KVEvent] = []
         # per block id, grown on demand and never shrunk (a handle's ids always index them)
         self._node = np.full(1024, -1, np.int64)      # its content node; -1: not cached
         self._serial = np.zeros(1024, np.int64)       # its registration; 0: not cached
         self._ref = np.zeros(1024, np.int32)          # reference count
         self._queue = FreeQueue(1024)                  # its free-queue entry (cache/free_queue.py)
-        self._serials = itertools.count(1)            # never reset: old handles stay stale
+        self._next_serial = 1                         # never reset: old handles stay stale
         self._drops = 0                               # bumped whenever blocks leave
         self.reset()
         self._events.clear()                          # "cleared" is for an explicit reset() only
@@ -76,10 +92,12 @@ class BlockHashCache(BlockViews, PrefixCache):
         self._parent: list[int] = []          # parent node; -1 for a root
         self._page: list = []                 # block's token ids as bytes; root: its namespace
         self._kids: list[dict | None] = []    # page -> child; None: the one child is n + 1
-        self._first: list[int] = []           # oldest cached copy (block id), -1 if none
+        self._first = np.full(1024, -1, np.int64)  # oldest cached copy (block id), -1 if none
+        self._nk = np.zeros(1024, np.int32)        # children (both arrays: capacity, not count)
         self._dups: dict[int, list[int]] = {}     # node -> its later copies, oldest first
         self._hash: dict[int, int] = {}           # node -> chained hash, once computed
         self._free_nodes: list[int] = []          # dropped ids (their page is None)
+        self._bare: list[int] = []                # nodes left with no copy and no child
         self._roots: dict[tuple, int] = {}        # namespace -> root node
         self._views: dict[int, Block] = {}        # block id -> its Block, once one was read
         self._nblocks = self.duplicate_blocks = self.peak_blocks = 0
@@ -91,34 +109,44 @@ class BlockHashCache(BlockViews, PrefixCache):
 
     # ---- lookup ---------------------------------------------------------------------------
     def _walk(self, key: RadixKey) -> tuple[list[bytes], list[int]]:
-        """`key`'s pages (its full blocks: key.numpy() cut into rows of block_size ids, each row
-        one bytes value, equal exactly when the ids are) and the trie nodes along them as far
-        as they exist (through nodes with no cached copy). Both resume the previous walk over
-        the whole blocks `key` shares with it (a request's match and inserts walk one prefix);
-        nodes leave the trie only when blocks are dropped."""
+        """`key`'s pages (its full blocks: rows of block_size packed ids, each one bytes value,
+        equal exactly when the ids are) and the trie nodes along them as far as they exist
+        (through nodes with no cached copy). Both resume the previous walk over the whole
+        blocks `key` shares with it (a request's match and inserts walk one prefix); nodes
+        leave the trie only when bare ones are pruned, and _prune trims the kept path then."""
         bs, (last, pages, path, drops) = self.block_size, self._walked
-        m, toks = key.shared(last) // bs, key.numpy()
-        pages = pages[:m] + toks[m * bs:len(toks) - len(toks) % bs].view(self._row).tolist()
+        row, kb = self._row, key.buf
+        m = (len(last) if kb.startswith(last.buf) else key.shared(last)) // bs   # no copy: a prefix
+        whole = len(kb) // row.itemsize
+        pages = pages[:m] + np.frombuffer(kb, row, whole - m, m * row.itemsize).tolist()
         path = path[:m] if drops == self._drops and last.namespace == key.namespace else []
         node = path[-1] if path else self._roots.get(key.namespace)
-        if node is not None:
-            kids, pg = self._kids, self._page
+        if node is not None and len(path) < len(pages):
+            kids, pg, append = self._kids, self._page, path.append
             for page in itertools.islice(pages, len(path), None):
                 k = kids[node]
-                node = k.get(page) if k is not None else node + 1 if pg[node + 1] == page else None
-                if node is None:
+                if k is not None:
+                    node = k.get(page)
+                    if node is None:
+                        break
+                elif pg[node + 1] == page:
+                    node += 1
+                else:
                     break
-                path.append(node)
+                append(node)
         self._walked = (key, pages, path, self._drops)
         return pages, path
 
     def _match(self, key: RadixKey, split: bool) -> MatchResult:
         """Hit blocks of `key`, up to the first block with no cached copy. Changes nothing but
         the walk memo."""
-        heads = list(map(self._first.__getitem__, self._walk(key)[1]))
-        if -1 in heads:
-            del heads[heads.index(-1):]
-        ids = np.array(heads, np.int64)
+        path = self._walk(key)[1]
+        if not path:
+            return MatchResult(0, EMPTY_SLOTS, self._chain(_NO_IDS))
+        ids = self._first[path]
+        gone = ids < 0
+        if gone.any():
+            ids = ids[:gone.argmax()]
         return MatchResult(len(ids) * self.block_size, self._slots(ids), self._chain(ids))
 
     def lookup(self, prompt: RadixKey) -> MatchResult:
@@ -130,20 +158,10 @@ class BlockHashCache(BlockViews, PrefixCache):
     def _slots(self, ids: np.ndarray) -> np.ndarray:
         if not len(ids):
             return EMPTY_SLOTS
-        return (ids[:, None] * self.block_size + np.arange(self.block_size)).ravel()
+        return ((ids * self.block_size)[:, None] + self._offsets).ravel()
 
     def _chain(self, ids: np.ndarray) -> Chain:
         return Chain(self, ids, self._serial[ids], self._drops)
-
-    def locks_held(self) -> int:
-        return int(self._ref.sum())               # one reference per block of a locked chain
-
-    def lock_units(self, chain) -> int:
-        return len(chain) if chain is not None else 0
-
-    def lock_cost(self, key: RadixKey, chain, prefix_len: int) -> int:
-        # the hit blocks at ref 0 sit in the free queue (evictable) until locked
-        return int((self._ref[chain.ids] == 0).sum()) * self.block_size if len(chain) else 0
 
     def match_stamp(self, chain) -> int:
         return self._version
@@ -162,48 +180,80 @@ class BlockHashCache(BlockViews, PrefixCache):
         duplicate, as in vLLM). New blocks are unreferenced: they join the free queue's tail,
         last block first."""
         bs = self.block_size
-        nfull = len(key) // bs
+        nfull = len(key.buf) // self._row.itemsize
         ids = slots[:nfull * bs:bs] // bs
-        if not (slots[:nfull * bs] == self._slots(ids)).all():
+        # whole blocks: each row is its block's first slot plus 0 .. bs - 1
+        if nfull and not (slots[:nfull * bs].reshape(nfull, bs) - (ids * bs)[:, None]
+                          == self._offsets).all():
             raise ValueError(f"slots are not whole blocks of {bs} (first: {slots[:bs].tolist()})")
-        ordered = np.sort(ids)
-        twice = ordered[1:][ordered[1:] == ordered[:-1]]
-        if len(twice):
-            raise ValueError(f"insert lists block {int(twice[0])} twice")
-        self._grow(int(ordered[-1]) if nfull else 0)
+        try:
+            held = self._node[ids]
+        except IndexError:                                    # a block id past the arrays
+            self._grow(int(ids.max()))
+            held = self._node[ids]
         pages, path = self._walk(key)                         # the nodes key already has
-        held, want = self._node[ids], np.full(nfull, -1, np.int64)
-        want[:len(path)] = path
-        bad = (held >= 0) & (held != want)                    # a registered id, other content
-        if bad.any():
-            raise ValueError(f"block {int(ids[bad.argmax()])} is already registered with other content")
-        new = np.flatnonzero(held < 0)
+        known = len(path)
+        new = (held < 0).nonzero()[0]
+        added = ids[new]
+        fresh, r = added.tolist(), nfull - len(new)
+        # each block either new or registered on its own path node (those are distinct), and
+        # no new id twice: else the full check names the first fault as it always has. The
+        # usual shape, registered blocks first, is read off two list comparisons.
+        ordered = r <= known and (r == nfull or new[0] == r) and held[:r].tolist() == path[:r]
+        if not ordered:
+            on_path = np.array(path, np.int64)
+            if len(new) + int(np.count_nonzero(held[:known] == on_path)) != nfull:
+                self._reject(ids, held, path)
+        if len(set(fresh)) != len(fresh):
+            self._reject(ids, held, path)
         if len(new):
-            known, nodes = len(path), []
-            for i in new[new < known].tolist():               # known content: one more copy
-                n, bid = path[i], int(ids[i])
-                if self._first[n] < 0:
-                    self._first[n] = bid
-                else:
-                    self._dups.setdefault(n, []).append(bid)
-                    self.duplicate_blocks += 1
-                nodes.append(n)
+            # known content: one more copy (ordered: the new blocks before the path's end)
+            again = np.arange(r, known) if ordered else new[:np.searchsorted(new, known)]
+            nodes = np.array(path[r:known], np.int64) if ordered else on_path[again]
+            if len(again):
+                self._copy(nodes, ids[again])
             if known < nfull:                                 # new content: a chain of new nodes
                 parent = path[-1] if path else self._root(key.namespace)
-                made = self._add_nodes(parent, pages[known:], ids[known:].tolist())
+                made = self._add_nodes(parent, pages[known:], fresh[len(again):])
                 path += made                                  # extends the walk memo too
-                nodes += made
-            added = ids[new]
+                nodes = np.concatenate([nodes, made]) if len(again) else made
             self._node[added] = nodes
-            self._serial[added] = np.fromiter(self._serials, np.int64, len(added))
+            s = self._next_serial
+            self._serial[added] = np.arange(s, s + len(added))
+            self._next_serial = s + len(added)
             if self.enable_events:
-                self._store_events(key, new.tolist(), path)
+                self._store_events(key, new.tolist(), path, pages)
             self._queue.push(added[::-1])
             self._nblocks += len(added)
             self._version = next(_versions)
             self.peak_blocks = max(self.peak_blocks, self._nblocks)
         prefix = int(new[0]) if len(new) else nfull
         return InsertResult(prefix * bs, self._chain(ids))
+
+    def _copy(self, nodes: np.ndarray, bids: np.ndarray) -> None:
+        """Register blocks `bids` as copies of existing content nodes: the first copy where a
+        node has none (content evicted and computed again), else a duplicate."""
+        first = self._first
+        if (first[nodes] < 0).all():
+            first[nodes] = bids
+            return
+        for n, bid in zip(nodes.tolist(), bids.tolist()):
+            if first[n] < 0:
+                first[n] = bid
+            else:
+                self._dups.setdefault(n, []).append(bid)
+                self.duplicate_blocks += 1
+
+    def _reject(self, ids: np.ndarray, held: np.ndarray, path: list[int]) -> None:
+        """The insert's checks in full, in their order: raise naming the first fault."""
+        ordered = np.sort(ids)
+        twice = ordered[1:][ordered[1:] == ordered[:-1]]
+        if len(twice):
+            raise ValueError(f"insert lists block {int(twice[0])} twice")
+        want = np.full(len(ids), -1, np.int64)
+        want[:len(path)] = path
+        bad = (held >= 0) & (held != want)                    # a registered id, other content
+        raise ValueError(f"block {int(ids[bad.argmax()])} is already registered with other content")
 
     def _root(self, ns: tuple) -> int:
         if ns not in self._roots:
@@ -214,33 +264,40 @@ class BlockHashCache(BlockViews, PrefixCache):
         """New nodes, one per page, each the next one's parent, the first under `parent` (-1:
         a root, whose page is its namespace); firsts: their first copies. Dropped ids are
         reused first; fresh ones are appended to the columns in bulk."""
-        k, free = len(pages), self._free_nodes
-        reused = [free.pop() for _ in range(min(k, len(free)))]
-        made = reused + list(range(len(self._parent), len(self._parent) + k - len(reused)))
+        k, free, top = len(pages), self._free_nodes, len(self._parent)
+        if free:
+            reused = free[:-min(k, len(free)) - 1:-1]
+            del free[len(free) - len(reused):]
+        else:
+            reused = []
+        made = reused + list(range(top, top + k - len(reused)))
         parents = [parent] + made[:-1]
         # a run of consecutive ids needs no dict: a node's only child is the next id
-        kids = [None if n == p + 1 else {g: n} for p, n, g in zip(made, made[1:], pages[1:])] + [{}]
+        if reused:
+            kids = [None if n == p + 1 else {g: n} for p, n, g in zip(made, made[1:], pages[1:])]
+            kids.append({})
+        else:
+            kids = [None] * (k - 1) + [{}]
         if parent >= 0:
             if self._kids[parent] is None:                    # a second child: spell out the first
                 self._kids[parent] = {self._page[parent + 1]: parent + 1}
             self._kids[parent][pages[0]] = made[0]
-        for n, p, g, d, f in zip(reused, parents, pages, kids, firsts):
-            self._parent[n], self._page[n], self._kids[n], self._first[n] = p, g, d, f
-        for column, values in ((self._parent, parents), (self._page, pages), (self._kids, kids),
-                               (self._first, firsts)):
-            column += values[len(reused):]
+            self._nk[parent] += 1
+        for n, p, g, d in zip(reused, parents, pages, kids):
+            self._parent[n], self._page[n], self._kids[n] = p, g, d
+        r = len(reused)
+        self._parent += parents[r:]
+        self._page += pages[r:]
+        self._kids += kids[r:]
+        if len(self._parent) > len(self._first):             # node columns: double as needed
+            extra = max(len(self._first), len(self._parent) - len(self._first))
+            self._first = np.concatenate([self._first, np.full(extra, -1, np.int64)])
+            self._nk = np.concatenate([self._nk, np.zeros(extra, np.int32)])
+        at = made if r else slice(top, top + k)              # fresh ids: one slice
+        self._first[at] = firsts
+        self._nk[at] = 1
+        self._nk[made[-1]] = 0
         return made
-
-    def _store_events(self, key: RadixKey, positions: list[int], path: list[int]) -> None:
-        """A "stored" event per new block, in key order, hashing new content as it comes."""
-        bs, ns, h = self.block_size, key.namespace, self._hash
-        rows = key.numpy()[:len(key) // bs * bs].reshape(-1, bs)[positions].tolist()
-        for i, toks in zip(positions, rows):
-            n, parent = path[i], self._parent[path[i]]
-            if n not in h:
-                h[n] = chain_hash(h.get(parent), ns if i == 0 else (ns[0], None), key.page(i, bs),
-                                  self.hash_algo)
-            self._events.append(KVEvent("stored", h[n], h.get(parent), tuple(toks), ns))
 
     def _grow(self, max_id: int) -> None:
         """Make the per-block-id arrays cover `max_id`."""
@@ -257,87 +314,65 @@ class BlockHashCache(BlockViews, PrefixCache):
         victims = self._queue.pop(-(-num_tokens // self.block_size))
         if not len(victims):
             return EMPTY_SLOTS
-        for bid, n in zip(victims.tolist(), self._node[victims].tolist()):
-            more = self._dups.get(n)
-            if self._first[n] == bid:
-                self._first[n] = more.pop(0) if more else -1
-            else:
-                more.remove(bid)
-            if more == []:
-                del self._dups[n]
-            if self.enable_events:
-                self._events.append(KVEvent("removed", self._hash[n]))
-            self._views.pop(bid, None)
-            while self._first[n] < 0 and self._kids[n] == {}:  # drop content nothing refers to
-                parent, page = self._parent[n], self._page[n]
+        first, dups, nodes = self._first, self._dups, self._node[victims]
+        if dups:                                  # a copy may take over its node's hits
+            for bid, n in zip(victims.tolist(), nodes.tolist()):
+                more = dups.get(n)
+                if first[n] != bid:
+                    more.remove(bid)
+                else:
+                    first[n] = more.pop(0) if more else -1
+                if more == []:
+                    del dups[n]
+        else:                                     # every cached block is its node's first copy
+            first[nodes] = -1
+        if self.enable_events:
+            self._events += removed_events(map(self._hash.__getitem__, nodes.tolist()))
+        if self._views:
+            for bid in victims.tolist():
+                self._views.pop(bid, None)
+        # no copy and no child: pruned later, unless its content comes back first
+        self._bare += nodes[(first[nodes] < 0) & (self._nk[nodes] == 0)].tolist()
+        self._node[victims], self._serial[victims] = -1, 0
+        self._nblocks -= len(victims)
+        last, pages, path, drops = self._walked
+        if drops == self._drops:                  # no node left the trie: the walk still holds
+            self._walked = (last, pages, path, drops + 1)
+        self._version, self._drops = next(_versions), self._drops + 1
+        if len(self._bare) > max(_PRUNE_AT, _PRUNE_SHARE * self._nblocks):
+            self._prune()
+        return self._slots(victims)
+
+    def _prune(self) -> None:
+        """Drop the bare nodes (no cached copy, no child) and the parents that leaves bare.
+        Evictions only list them: content evicted and computed again (a conversation's next
+        turn) finds its node still there, so neither is dropped and made again per block."""
+        first, nk, kids, pg, parents = self._first, self._nk, self._kids, self._page, self._parent
+        hashes, free = self._hash, self._free_nodes
+        for n in self._bare:
+            while pg[n] is not None and first[n] < 0 and nk[n] == 0:
+                parent, page = parents[n], pg[n]
                 if parent < 0:
                     del self._roots[page]
-                elif self._kids[parent] is None:              # it was the run's next id
-                    self._kids[parent] = {}
+                elif kids[parent] is None:                    # it was the run's next id
+                    kids[parent] = {}
                 else:
-                    del self._kids[parent][page]
-                self._kids[n] = self._page[n] = None
-                self._hash.pop(n, None)
-                self._free_nodes.append(n)
+                    del kids[parent][page]
+                if parent >= 0:
+                    nk[parent] -= 1
+                kids[n] = pg[n] = None
+                if hashes:
+                    hashes.pop(n, None)
+                free.append(n)
                 if parent < 0:
                     break
                 n = parent
-        self._node[victims], self._serial[victims] = -1, 0
-        self._nblocks -= len(victims)
-        self._version, self._drops = next(_versions), self._drops + 1
-        return self._slots(victims)
-
-    # ---- reference counts -----------------------------------------------------------------
-    def _runs(self, chain) -> list[np.ndarray]:
-        """The id arrays a checked handle is locked or unlocked in, in order: a Chain's blocks
-        are distinct, one vectorised step; a hand-made tuple may list a block twice, so it
-        goes one block at a time, exactly as listed."""
-        if isinstance(chain, Chain):
-            return [chain.ids]
-        return [np.array([b.id], np.int64) for b in chain or ()]
-
-    def _inc_lock(self, chain) -> None:
-        for ids in self._runs(chain):
-            ref = self._ref[ids]
-            leaving = ids[ref == 0]                           # their queue entries go stale
-            self._queue.remove(leaving)
-            self._ref[ids] = ref + 1
-
-    def _check_locked(self, chain) -> None:
-        if isinstance(chain, Chain) and (self._ref[chain.ids] > 0).all():
-            return
-        seen: dict[int, int] = {}
-        for b in chain or ():                                 # a block listed k times needs k refs
-            seen[b.id] = seen.get(b.id, 0) + 1
-            if self._ref[b.id] < seen[b.id]:
-                raise ValueError(f"dec_lock_ref on unreferenced {b!r}")
-
-    def _dec_lock(self, chain) -> None:
-        for ids in reversed(self._runs(chain)):
-            rev = ids[::-1]                                   # last block reaches the tail first
-            self._ref[rev] -= 1
-            self._queue.push(rev[self._ref[rev] == 0])
-
-    def _check_handle(self, chain) -> None:
-        if chain is None:
-            return
-        ours = isinstance(chain, Chain) and chain.cache is self
-        if ours and chain.drops == self._drops:
-            return                                            # nothing dropped since: all cached
-        if isinstance(chain, Chain):
-            ids, serials = chain.ids, chain.serials
-        elif isinstance(chain, tuple) and all(isinstance(b, Block) for b in chain):
-            ids = np.fromiter((b.id for b in chain), np.int64, len(chain))
-            serials = np.fromiter((b.serial for b in chain), np.int64, len(chain))
-            ours = all(b.cache is self for b in chain)
-        else:
-            raise TypeError(f"expected a Chain or a tuple of Blocks from match_prefix, got {chain!r}")
-        if len(ids) and (not ours or not (ids < len(self._serial)).all()
-                         or (self._serial[ids] != serials).any()):
-            bad = next(b for b in chain if b.cache is not self or not b.cached())
-            raise ValueError(f"{bad!r} is no longer cached (evicted or foreign)")
-        if isinstance(chain, Chain):
-            chain.drops = self._drops
+        self._bare = []
+        last, pages, path, drops = self._walked
+        j = len(path)                             # a dropped node has no child: the dropped
+        while j and pg[path[j - 1]] is None:      # nodes of a path are its last ones
+            j -= 1
+        self._walked = (last, pages, path[:j], drops)
 
     # ---- sizes and stats ------------------------------------------------------------------
     def evictable_size(self) -> int:
@@ -360,64 +395,5 @@ class BlockHashCache(BlockViews, PrefixCache):
     def label(self) -> str:
         return self.describe(self.block_size, "lru", self.hash_algo)
 
-    def stats(self) -> dict[str, int]:
-        return {"orphan_blocks": self.orphan_blocks(), "duplicate_blocks": self.duplicate_blocks}
-
-    def orphan_blocks(self) -> int:
-        """Cached blocks whose parent content has no cached copy: unreachable until it returns."""
-        parents = (self._parent[n] for n in self._node[self._node >= 0].tolist())
-        return sum(1 for p in parents if self._parent[p] >= 0 and self._first[p] < 0)
-
-    def free_queue_ids(self) -> list[int]:
-        return self._queue.ids().tolist()
-
     def held_slots(self) -> Iterable[np.ndarray]:
         return [self._slots(np.flatnonzero(self._node >= 0))]
-
-    def take_events(self) -> list[KVEvent]:
-        ev, self._events = self._events, []
-        return ev
-
-    def _page_hashes(self) -> set[int]:
-        # every cached block's content node has its hash (computed when it was stored)
-        return {self._hash[n] for n in self._node[self._node >= 0].tolist()}
-
-    def check_invariants(self) -> None:
-        # nodes: the live ones are the roots and their descendants, each filed under its page in
-        # its parent, each with a cached copy or a child; hashes (where computed) chain as
-        # block_hashes chains them; dropped ids are free, each once
-        live, stack = [], [(r, -1, ns, ns) for ns, r in self._roots.items()]
-        while stack:
-            n, parent, page, ns = stack.pop()                 # ns: what this block's hash mixes in
-            assert (self._parent[n], self._page[n]) == (parent, page), f"node {n} is misfiled"
-            kids = self._kids[n] if self._kids[n] is not None else {self._page[n + 1]: n + 1}
-            assert self._first[n] >= 0 or kids, f"node {n} has no copy and no child"
-            if parent >= 0 and (n in self._hash or self.enable_events):
-                page = RadixKey(np.frombuffer(page, _TOKEN)).page(0, self.block_size)
-                want = chain_hash(self._hash.get(parent), ns, page, self.hash_algo)
-                assert self._hash.get(n) == want, f"node {n}: hash {self._hash.get(n)} != {want}"
-            live.append(n)
-            inner = ns if parent < 0 else (ns[0], None)     # the salt enters the first block only
-            stack.extend((k, n, pg, inner) for pg, k in kids.items())
-        free = set(self._free_nodes)
-        assert len(free) == len(self._free_nodes) and sorted(live + self._free_nodes) == \
-            list(range(len(self._parent))), "node ids are not exactly live or free"
-        assert all(self._page[n] is None for n in free) and set(self._hash) <= set(live), \
-            "a dropped node kept its page or its hash"
-        assert all(self._first[r] == -1 for r in self._roots.values()), "a root holds a copy"
-        # copies: every cached block is listed once, on its own node, with a serial of its own
-        copies = [(b, n) for n in live for b in [self._first[n]] + self._dups.get(n, []) if b >= 0]
-        assert all(self._first[n] >= 0 and v for n, v in self._dups.items()), "a stray copy list"
-        cached = np.flatnonzero(self._node >= 0)
-        assert sorted(b for b, _ in copies) == cached.tolist(), "copies != cached blocks"
-        assert all(self._node[b] == n for b, n in copies), "a block listed under another node"
-        assert ((self._serial > 0) == (self._node >= 0)).all(), "serial without a node, or none"
-        assert len(set(self._serial[cached].tolist())) == len(cached), "a serial used twice"
-        assert self._nblocks == len(cached), f"count {self._nblocks} != {len(cached)} cached"
-        assert all(v.cached() for v in self._views.values()), "a view of an evicted block"
-        # ref counts and the free queue: exactly the cached blocks at ref 0, each once
-        assert (self._ref >= 0).all(), f"negative ref count at block {int(np.argmin(self._ref))}"
-        off = self._node < 0
-        assert not self._ref[off].any(), "an uncached block id has a ref count"
-        self._queue.check(cached, cached[self._ref[cached] == 0], off)
-        assert self.peak_blocks >= self._nblocks, "peak below the current count"

@@ -1,8 +1,9 @@
 """The block-hash cache's handles and views: a `Chain` (the blocks of a match or an insert: block
-ids and registration serials, two int64 arrays), the `Block`s it reads as, and `BlockViews`, the
+ids and registration serials, two int64 arrays), the `Block`s it reads as, `BlockViews`, the
 part of `BlockHashCache` (cache/blockhash.py) that shows its blocks and their chained hashes to
-reports and tests. State is read from the cache, so a handle to a block evicted since is told
-apart by its serial."""
+reports and tests, and `BlockLocks`, the part that checks handles and counts their
+references. State is read from the cache, so a handle to a block evicted since is told apart
+by its serial."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -132,3 +133,83 @@ class BlockViews:
                 self._hash[m] = chain_hash(h, ns if i == 0 else (ns[0], None), page, self.hash_algo)
             h = self._hash[m]
         return h
+
+
+class BlockLocks:
+    """Reference counts: a handle's blocks are locked and unlocked together (a Chain in a few
+    vectorised steps), leaving and rejoining the free queue's tail."""
+
+    def locks_held(self) -> int:
+        return int(self._ref.sum())               # one reference per block of a locked chain
+
+    def lock_units(self, chain) -> int:
+        return len(chain) if chain is not None else 0
+
+    def lock_cost(self, key: RadixKey, chain, prefix_len: int) -> int:
+        # the hit blocks at ref 0 sit in the free queue (evictable) until locked
+        return int((self._ref[chain.ids] == 0).sum()) * self.block_size if len(chain) else 0
+
+    def _runs(self, chain) -> list[np.ndarray]:
+        """The id arrays a checked handle is locked or unlocked in, in order: a Chain's blocks
+        are distinct, one vectorised step; a hand-made tuple may list a block twice, so it
+        goes one block at a time, exactly as listed."""
+        if isinstance(chain, Chain):
+            return [chain.ids]
+        return [np.array([b.id], np.int64) for b in chain or ()]
+
+    def _inc_lock(self, chain) -> None:
+        for ids in self._runs(chain):
+            self._lock_ids(ids)
+
+    def _lock_ids(self, ids: np.ndarray) -> None:
+        ref = self._ref[ids]
+        leaving = ids[ref == 0]                               # their queue entries go stale
+        self._queue.remove(leaving)
+        self._ref[ids] = ref + 1
+
+    def _relock(self, old, new) -> None:
+        # a chain extending the one it replaces: its shared blocks keep their count (+1 - 1,
+        # never reaching 0), so only the blocks past the old chain are locked
+        if isinstance(old, Chain) and isinstance(new, Chain) and len(old) <= len(new) \
+                and (new.ids[:len(old)] == old.ids).all():
+            self._lock_ids(new.ids[len(old):])
+            return
+        self._inc_lock(new)
+        self._dec_lock(old)
+
+    def _check_locked(self, chain) -> None:
+        if isinstance(chain, Chain) and (self._ref[chain.ids] > 0).all():
+            return
+        seen: dict[int, int] = {}
+        for b in chain or ():                                 # a block listed k times needs k refs
+            seen[b.id] = seen.get(b.id, 0) + 1
+            if self._ref[b.id] < seen[b.id]:
+                raise ValueError(f"dec_lock_ref on unreferenced {b!r}")
+
+    def _dec_lock(self, chain) -> None:
+        for ids in reversed(self._runs(chain)):
+            rev = ids[::-1]                                   # last block reaches the tail first
+            ref = self._ref[rev] - 1
+            self._ref[rev] = ref
+            self._queue.push(rev[ref == 0])
+
+    def _check_handle(self, chain) -> None:
+        if chain is None:
+            return
+        ours = isinstance(chain, Chain) and chain.cache is self
+        if ours and chain.drops == self._drops:
+            return                                            # nothing dropped since: all cached
+        if isinstance(chain, Chain):
+            ids, serials = chain.ids, chain.serials
+        elif isinstance(chain, tuple) and all(isinstance(b, Block) for b in chain):
+            ids = np.fromiter((b.id for b in chain), np.int64, len(chain))
+            serials = np.fromiter((b.serial for b in chain), np.int64, len(chain))
+            ours = all(b.cache is self for b in chain)
+        else:
+            raise TypeError(f"expected a Chain or a tuple of Blocks from match_prefix, got {chain!r}")
+        if len(ids) and (not ours or not (ids < len(self._serial)).all()
+                         or (self._serial[ids] != serials).any()):
+            bad = next(b for b in chain if b.cache is not self or not b.cached())
+            raise ValueError(f"{bad!r} is no longer cached (evicted or foreign)")
+        if isinstance(chain, Chain):
+            chain.drops = self._drops

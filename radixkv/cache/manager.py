@@ -115,7 +115,7 @@ class CacheManager:
         if short > 0:
             freed = self.cache.evict(short)
             self.evicted_tokens += len(freed)
-            self.pool.free(freed)
+            self.pool.release(freed)                 # the cache's own slots: no re-check
         return self.pool.alloc(n)
 
     def admit(self, req, key: RadixKey, upto: int, reserve: int = 0) -> int | None:
@@ -216,10 +216,12 @@ class CacheManager:
                 self.cache.pin(req.key[:A], req.pin_ttl)
             except ValueError:                       # over the budget: counted, not fatal
                 pass
+        # req.last_node was checked above and nothing since can unlock or evict it: the
+        # unchecked unlock (_dec_lock) skips a second check of the same handle
         if finished:
             freed = np.concatenate([slots[C:P], slots[A:]])
             self.pool.free(freed)
-            self.cache.dec_lock_ref(req.last_node)
+            self.cache._dec_lock(req.last_node)
             self._reset(req)
             return freed
         freed = slots[C:P].copy()
@@ -228,8 +230,8 @@ class CacheManager:
             slots[C:P] = self.cache.match_prefix(req.key[:A], split=False).slots[C:P]
             req.slots = slots
         self.pool.free(freed)
-        self.cache.inc_lock_ref(res.last_node)       # lock new before unlocking old: the shared
-        self.cache.dec_lock_ref(req.last_node)       # path never becomes evictable in between
+        self.cache._check_handle(res.last_node)      # lock new before unlocking old: the shared
+        self.cache._relock(req.last_node, res.last_node)     # path never becomes evictable
         req.cached_len, req.last_node = A, res.last_node
         return freed
 

@@ -13,6 +13,7 @@ import numpy as np
 from radixkv.validate import count, is_int, positive_int
 
 SLOT_DTYPE = np.int64
+_SMALL = 64                 # free() batches up to this size take the plain-Python path
 EMPTY_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
 EMPTY_SLOTS.flags.writeable = False
 
@@ -54,6 +55,7 @@ class SlotPool:
                              f"got {num_slots!r}")
         self.num_slots, self.page_size = int(num_slots), page_size
         self.num_pages = num_slots // page_size
+        self._offsets = np.arange(page_size, dtype=SLOT_DTYPE)     # a page's slots past its first
         need, have = self.num_slots + 8 * self.num_pages, host_memory_bytes()
         if need > have:                            # refuse before allocating, not MemoryError
             raise ValueError(f"a KV pool of {self.num_slots:,} slots needs {need / 2**30:,.1f} GiB "
@@ -86,39 +88,39 @@ class SlotPool:
             return EMPTY_SLOTS
         page_ids = self._free[self._top - pages:self._top][::-1]
         self._top -= pages
-        slots = (page_ids[:, None] * self.page_size + np.arange(self.page_size)).ravel()
+        if self.page_size == 1:
+            slots = page_ids.copy()
+        else:
+            slots = ((page_ids * self.page_size)[:, None] + self._offsets).ravel()
         self._in_use[slots] = True
         return slots
 
     def free(self, slots: Iterable[int]) -> None:
         """Take slots back. A double free, a foreign slot or a partial page raises and frees
-        nothing. O(num_slots / 8) vectorised work instead of sorting: slots come back in
-        large batches (evictions), where a sort would dominate."""
+        nothing. A few slots are checked in plain Python, a batch small beside the pool by one
+        sort, a large one (evictions) by O(num_slots / 8) vectorised scans, where a sort would
+        dominate."""
         arr = as_slots(slots)
         if arr.size == 0:
             return
+        if arr.size <= _SMALL:                     # a page's tail: plain Python beats numpy calls
+            return self._free_small(arr)
         if arr.min() < 0 or arr.max() >= self.num_slots:
             bad = arr[(arr < 0) | (arr >= self.num_slots)][0]
             raise ValueError(f"slot {int(bad)} does not belong to this pool of {self.num_slots}")
         if not self._in_use[arr].all():
             bad = arr[~self._in_use[arr]][0]
             raise ValueError(f"double free: slot {int(bad)} is not allocated")
-        small = arr.size * 64 < self.num_slots     # sort a small batch, scan the pool for a big one
-        if small and np.unique(arr).size != arr.size:
-            raise ValueError(f"slot {int(_first_dup(arr))} appears twice in one free")
+        if arr.size * 64 < self.num_slots:         # sort a small batch, scan the pool for a big one
+            return self._free_sorted(arr)
         used_before = self.num_slots - self.available()
         self._in_use[arr] = False
-        if not small and np.count_nonzero(self._in_use) != used_before - arr.size:
+        if np.count_nonzero(self._in_use) != used_before - arr.size:
             self._in_use[arr] = True
             raise ValueError(f"slot {int(_first_dup(arr))} appears twice in one free")
         ps = self.page_size
         if ps == 1:
             pages = arr
-        elif small:
-            pages = np.unique(arr // ps)
-            if pages.size * ps != arr.size:       # no duplicates here, so this means a partial page
-                self._in_use[arr] = True
-                raise ValueError(f"free of {arr.size} slots does not cover whole pages of {ps}")
         else:
             touched = np.zeros(self.num_pages, dtype=bool)
             touched[arr // ps] = True
@@ -126,6 +128,53 @@ class SlotPool:
             if self._in_use.reshape(-1, ps)[pages].any():
                 self._in_use[arr] = True
                 raise ValueError(f"free of {arr.size} slots does not cover whole pages of {ps}")
+        self._free[self._top:self._top + pages.size] = pages
+        self._top += pages.size
+
+    def release(self, slots: np.ndarray) -> None:
+        """free() without its checks, for slots a cache just evicted: the caller guarantees
+        they are handed out, distinct and whole pages (`check_conservation` verifies it). The
+        free stack gets the pages free() would give it, in the same order."""
+        if not len(slots):
+            return
+        ps = self.page_size
+        pages = slots if ps == 1 else np.sort(slots[::ps] // ps)
+        self._in_use[slots] = False
+        self._free[self._top:self._top + pages.size] = pages
+        self._top += pages.size
+
+    def _free_small(self, arr: np.ndarray) -> None:
+        """free() of at most _SMALL slots: the same checks, messages and page order."""
+        items = arr.tolist()
+        if min(items) < 0 or max(items) >= self.num_slots:
+            bad = next(x for x in items if x < 0 or x >= self.num_slots)
+            raise ValueError(f"slot {bad} does not belong to this pool of {self.num_slots}")
+        in_use = self._in_use
+        if not in_use[arr].all():
+            bad = arr[~in_use[arr]][0]
+            raise ValueError(f"double free: slot {int(bad)} is not allocated")
+        if len(set(items)) != len(items):
+            raise ValueError(f"slot {int(_first_dup(arr))} appears twice in one free")
+        ps = self.page_size
+        pages = items if ps == 1 else sorted({x // ps for x in items})
+        if len(pages) * ps != len(items):         # no duplicates here, so this means a partial page
+            raise ValueError(f"free of {arr.size} slots does not cover whole pages of {ps}")
+        in_use[arr] = False
+        self._free[self._top:self._top + len(pages)] = pages
+        self._top += len(pages)
+
+    def _free_sorted(self, arr: np.ndarray) -> None:
+        """free() of a batch small beside the pool: duplicates and whole pages read off one sort."""
+        ps, s = self.page_size, np.sort(arr)
+        if (s[1:] == s[:-1]).any():
+            raise ValueError(f"slot {int(_first_dup(arr))} appears twice in one free")
+        if ps == 1:
+            pages = arr
+        else:
+            pages = s[::ps] // ps                 # sorted, no duplicates: whole pages are runs
+            if s.size % ps or not (s.reshape(-1, ps) - (pages * ps)[:, None] == self._offsets).all():
+                raise ValueError(f"free of {arr.size} slots does not cover whole pages of {ps}")
+        self._in_use[arr] = False
         self._free[self._top:self._top + pages.size] = pages
         self._top += pages.size
 

@@ -12,6 +12,7 @@ Operator controls, each off by default and kept in its own module: pinned prefix
 `retention`, `reuse`), an eviction guard (leaves it gives a queue rank go only when nothing
 else is evictable, the highest rank first: the manager's queue-aware eviction), and a host
 tier (cache/host_tier.py) that receives every evicted range before its slots are returned.
+Inspection and `check_invariants` live in cache/radix_check.py.
 """
 from __future__ import annotations
 
@@ -21,19 +22,20 @@ from typing import Callable, Iterable
 import numpy as np
 
 from radixkv.cache.base import HostStore, InsertResult, MatchResult, PrefixCache, as_key
-from radixkv.cache.events import KVEvent, chain_hash, check_hash_algo
-from radixkv.cache.key import RadixKey
+from radixkv.cache.events import KVEvent, chain_hashes, check_hash_algo
+from radixkv.cache.key import TOKEN_BYTES, RadixKey, first_divergence, token_struct
 from radixkv.cache.orders import EvictionOrder
 from radixkv.cache.pins import PinTable
 from radixkv.cache.policies import make_sort_key
 from radixkv.cache.pool import EMPTY_SLOTS
+from radixkv.cache.radix_check import TreeChecks
 from radixkv.cache.radix_evict import LeafEviction
 from radixkv.cache.radix_node import TreeNode, node_id, node_ids
 from radixkv.validate import choice
 
 EVICT_GRANULARITIES = ("node", "page")     # what one eviction step removes: a leaf, or pages
 
-class RadixCache(LeafEviction, PrefixCache):
+class RadixCache(TreeChecks, LeafEviction, PrefixCache):
     name = "radix"
 
     def __init__(self, page_size: int = 1, eviction_policy: str = "lru",
@@ -107,37 +109,44 @@ class RadixCache(LeafEviction, PrefixCache):
 
     # ---- match / split --------------------------------------------------------------------
     def _match(self, key: RadixKey, split: bool) -> MatchResult:
-        ps, n = self.page_size, len(key)
+        # positions in bytes of the packed key (4 per token): one startswith (a memcmp, no
+        # copy) per fully matched edge; the hot path of every admission
+        pb, kb = self.page_size * TOKEN_BYTES, key.buf
+        nb = len(kb)
         now = self.clock() if split else 0.0
         node, pos, parts = self.root, 0, []
-        child = node.children.get((key.namespace, key.page(0, ps))) if ps <= n else None
+        child = node.children.get((key.namespace, kb[:pb])) if pb <= nb else None
+        order = self._order
         while child is not None:
-            L = len(child.key)
-            k = key.shared(child.key, pos)
-            if k < L:                             # diverges inside this edge (or the key ends)
-                k -= k % ps                       # >= one page: the first page matched
+            cb = child.key.buf
+            L = len(cb)
+            if kb.startswith(cb, pos):
+                k = L
+            else:                                 # diverges inside this edge (or the key ends)
+                k = first_divergence(kb[pos:pos + L], cb) * TOKEN_BYTES
+                k -= k % pb                       # >= one page: the first page matched
                 if not split:                     # pure read: report the partial edge, touch nothing
-                    parts.append(child.value[:k])
+                    parts.append(child.value[:k // TOKEN_BYTES])
                     pos += k
                     break
-                child = self._split(child, k)
+                child = self._split(child, k // TOKEN_BYTES)
             if split:
                 child.hit_count += 1
                 child.last_access = now
-                if self._order is not None:
-                    self._order.hit(child)
+                if order is not None:
+                    order.hit(child)
                 if child.lock_ref == 0 and not child.children:
                     self._push(child)             # a candidate's sort key changed
             parts.append(child.value)
             pos += k
             node = child
-            if k < L or pos + ps > n:
+            if k < L or pos + pb > nb:
                 break
-            child = node.children.get(key.page(pos // ps, ps))
+            child = node.children.get(kb[pos:pos + pb])
         if not parts:
             return MatchResult(0, EMPTY_SLOTS, node)
         slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return MatchResult(pos, slots, node)
+        return MatchResult(pos // TOKEN_BYTES, slots, node)
 
     def node_covering(self, key: RadixKey) -> TreeNode | None:
         """The node whose edge holds the last token of `key` when all of `key` is cached,
@@ -182,38 +191,48 @@ class RadixCache(LeafEviction, PrefixCache):
     def _insert(self, key: RadixKey, slots: np.ndarray, priority: int, tag=None
                 ) -> InsertResult:
         ps = self.page_size
-        A = len(key) - len(key) % ps              # a partial trailing page is not stored
+        pb, kb = ps * TOKEN_BYTES, key.buf
+        A = len(kb) - len(kb) % pb                # bytes; a partial trailing page is not stored
         now = self.clock()
-        node, pos = self.root, 0
+        node, pos, order = self.root, 0, self._order
         while pos < A:
-            child = node.children.get(self._child_key(node, key, pos))
+            page = kb[pos:pos + pb]
+            child = node.children.get((key.namespace, page) if node is self.root else page)
             if child is None:
                 # distinct slots are the pool's guarantee (a per-insert sort would cost ~5x
                 # the insert); check_invariants() catches a slot listed twice
-                new = TreeNode(key[pos:A], slots[pos:A].copy(), node, now)
-                new.priority, new.depth = priority, pos
-                if self._order is not None:
-                    self._order.created(new, priority, self.now, tag)
-                node.children[self._child_key(node, key, pos)] = new
+                t, e = pos // TOKEN_BYTES, A // TOKEN_BYTES
+                new = TreeNode(RadixKey._raw(kb[pos:A], key.namespace), slots[t:e].copy(), node, now)
+                new.priority, new.depth = priority, t
+                if order is not None:
+                    order.created(new, priority, self.now, tag)
+                node.children[(key.namespace, page) if node is self.root else page] = new
                 node.cv += 1
                 self._num_nodes += 1
-                self._evictable += A - pos
+                self._evictable += e - t
                 if self.enable_events:
                     self._emit_stored(new)
                 self._push(new)
-                return InsertResult(pos, new)
-            L = len(child.key)
-            k = min(key.shared(child.key, pos), A - pos)
-            k -= k % ps
-            if k < L:
-                child = self._split(child, k)
-            child.priority = max(child.priority, priority)
-            if self._order is not None:
-                self._order.used(child, priority, self.now, tag)
-            self._touch(child, now)
+                return InsertResult(t, new)
+            cb = child.key.buf
+            L = len(cb)
+            if kb.startswith(cb, pos) and pos + L <= A:
+                k = L
+            else:
+                k = min(first_divergence(kb[pos:pos + L], cb) * TOKEN_BYTES, A - pos)
+                k -= k % pb
+                if k < L:
+                    child = self._split(child, k // TOKEN_BYTES)
+            if priority > child.priority:
+                child.priority = priority
+            if order is not None:
+                order.used(child, priority, self.now, tag)
+            child.last_access = now
+            if child.lock_ref == 0 and not child.children:
+                self._push(child)
             pos += k
             node = child
-        return InsertResult(pos, node)
+        return InsertResult(pos // TOKEN_BYTES, node)
 
     # ---- locks ----------------------------------------------------------------------------
     def _inc_lock(self, node: TreeNode) -> None:
@@ -336,13 +355,13 @@ class RadixCache(LeafEviction, PrefixCache):
 
     # ---- events ---------------------------------------------------------------------------
     def _emit_stored(self, n: TreeNode) -> None:
-        ps, ns = self.page_size, n.key.namespace
+        ps, ns, kb = self.page_size, n.key.namespace, n.key.buf
+        pb, tokens = ps * TOKEN_BYTES, token_struct(ps).unpack_from
         parent_hash = n.parent.hashes[-1] if n.parent.hashes else None
-        n.hashes = []
-        for i in range(len(n.key) // ps):
-            h = chain_hash(parent_hash, ns, n.key.page(i, ps), self.hash_algo)
-            self._events.append(KVEvent("stored", h, parent_hash, tuple(n.key[i * ps:(i + 1) * ps]), ns))
-            n.hashes.append(h)
+        n.hashes = chain_hashes(parent_hash, ns, [kb[i:i + pb] for i in range(0, len(kb), pb)],
+                                self.hash_algo)
+        for i, h in enumerate(n.hashes):
+            self._events.append(KVEvent("stored", h, parent_hash, tokens(kb, i * pb), ns))
             parent_hash = h
 
     def take_events(self) -> list[KVEvent]:
@@ -351,66 +370,6 @@ class RadixCache(LeafEviction, PrefixCache):
 
     def _page_hashes(self) -> set[int]:
         return {h for n in self._nodes() if n is not self.root for h in n.hashes}
-
-    # ---- inspection -----------------------------------------------------------------------
-    def held_slots(self) -> Iterable[np.ndarray]:
-        return [n.value for n in self._nodes() if n is not self.root]
-
-    def pretty_print(self, max_tokens: int = 6) -> str:
-        lines: list[str] = []
-
-        def walk(n: TreeNode, depth: int) -> None:
-            for c in sorted(n.children.values(), key=lambda c: c.key.tokens[:1]):
-                toks = c.key.tokens
-                head = ", ".join(map(str, toks[:max_tokens])) + (", ..." if len(toks) > max_tokens else "")
-                ns = "" if c.key.namespace == (None, None) else f" ns={c.key.namespace}"
-                lines.append(f"{'  ' * depth}[{head}] len={len(toks)} lock={c.lock_ref}{ns}")
-                walk(c, depth + 1)
-        walk(self.root, 0)
-        lines.append(f"total={self.total_size()} evictable={self._evictable} "
-                     f"protected={self._protected} nodes={self._num_nodes}")
-        text = "\n".join(lines)
-        print(text)
-        return text
-
-    def check_invariants(self) -> None:
-        ps, ev, pr, count = self.page_size, 0, 0, 0
-        live = {id(e[-1]) for e in self._heap if e[-2] == e[-1].hv}
-        seen_slots: list[np.ndarray] = []
-        assert self.root.lock_ref >= 1, f"root lock_ref {self.root.lock_ref} < 1"
-        for n in self._nodes():
-            count += 1
-            for ck, c in n.children.items():
-                assert c.parent is n, f"{c!r} has a wrong parent pointer"
-                assert ck == self._child_key(n, c.key, 0), f"{c!r} stored under a wrong child-key"
-                assert c.lock_ref <= n.lock_ref, f"lock_ref {c.lock_ref} of {c!r} > parent's {n.lock_ref}"
-                if n is not self.root:
-                    assert c.key.namespace == n.key.namespace, f"{c!r} mixes namespaces with its parent"
-            if n is self.root:
-                continue
-            L = len(n.key)
-            assert L > 0, f"{n!r} has an empty key"
-            assert len(n.value) == L, f"{n!r} holds {len(n.value)} slots for {L} tokens"
-            assert L % ps == 0, f"{n!r} key length {L} is not a multiple of page_size {ps}"
-            assert n.lock_ref >= 0, f"{n!r} has negative lock_ref"
-            assert n.depth == n.parent.depth + len(n.parent.key), f"{n!r} has a wrong depth"
-            if n.lock_ref:
-                pr += L
-            else:
-                ev += L
-            if self._is_candidate(n):
-                assert id(n) in live, f"candidate {n!r} has no live heap entry"
-            seen_slots.append(n.value)
-        assert count == self._num_nodes, f"node count {self._num_nodes} != {count} reachable"
-        assert ev == self._evictable, f"evictable_size {self._evictable} != {ev} counted"
-        assert pr == self._protected, f"protected_size {self._protected} != {pr} counted"
-        if seen_slots:
-            allslots = np.concatenate(seen_slots)
-            assert np.unique(allslots).size == allslots.size, "a slot is held by two tree nodes"
-        self.pins.check()
-        if self.host is not None:
-            self.host.check_invariants()
-
 
 def _demo() -> None:
     from radixkv.cache.pool import SlotPool

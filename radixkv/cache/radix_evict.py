@@ -23,7 +23,8 @@ import itertools
 
 import numpy as np
 
-from radixkv.cache.events import KVEvent
+from radixkv.cache.events import removed_events
+from radixkv.cache.policies import lru
 from radixkv.cache.pool import EMPTY_SLOTS
 from radixkv.cache.radix_node import TreeNode, path_key
 
@@ -36,7 +37,10 @@ class LeafEviction:
 
     def _push(self, n: TreeNode) -> tuple:
         n.hv = next(_versions)            # a split gives a node the id of another's stale entry
-        entry = (*self.sort_key(n), n.hv, n)                        # key..., version, node
+        if self.sort_key is lru:          # the default order's key, spelled out: no call
+            entry = (n.last_access, n.id, n.hv, n)
+        else:
+            entry = (*self.sort_key(n), n.hv, n)                    # key..., version, node
         heapq.heappush(self._heap, entry)
         if len(self._heap) > 2 * self._num_nodes + 1024:
             self._rebuild_heap()
@@ -122,7 +126,7 @@ class LeafEviction:
         self._evictable -= L
         freed.append(n.value)
         if self.enable_events:
-            self._events.extend(KVEvent("removed", h, namespace=n.key.namespace) for h in n.hashes)
+            self._events += removed_events(n.hashes, n.key.namespace)
         exposed = self._push(parent) if self._is_candidate(parent) else None
         return total + L, exposed                 # a dead branch cascades within this call
 
@@ -141,8 +145,7 @@ class LeafEviction:
         n.key, n.value = n.key[:keep], n.value[:keep]
         if n.hashes is not None:
             if self.enable_events:
-                self._events.extend(KVEvent("removed", h, namespace=n.key.namespace)
-                                    for h in n.hashes[keep // ps:])
+                self._events += removed_events(n.hashes[keep // ps:], n.key.namespace)
             del n.hashes[keep // ps:]
         # a pure-read match that ended at `n`, or at its parent partway into this edge, would
         # now answer less: both stamps must go stale

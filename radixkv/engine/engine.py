@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from typing import Callable
 
 from radixkv.cache.base import PrefixCache
@@ -52,6 +53,7 @@ class Engine:
         self._order = itertools.count()           # arrival ties in submission order, unique
         self._turns = SessionTurns()              # a session's arrivals, numbered
         self.steps = 0
+        self.last_prefill = False                 # the last step computed prefill segments
         self.timeline: dict[str, list] = {"t": [], "waiting": [], "running": [], "kv_used": []}
 
     def check_fits(self, req: Request) -> None:
@@ -105,7 +107,9 @@ class Engine:
             if not self._arrivals:
                 return False                      # idle, or stuck: nothing can ever be scheduled
             self.now = max(self.now, self._arrivals[0][0])   # idle until the next arrival
+            self.last_prefill = False
             return True
+        self.last_prefill = bool(plan.extends)
         result = self.executor.run(plan)
         self.now += result.duration
         for req in self.sched.process(plan, result, self.now):
@@ -123,6 +127,52 @@ class Engine:
             self.check_invariants()
         return True
 
+    def decode_run(self, horizon: float = math.inf, max_steps: int | None = None) -> int:
+        """Run the decode-only steps that come next, each exactly as step() would run it,
+        without building plans: while the scheduler can only decode its scripted running
+        requests (Scheduler.decode_batch), no arrival is due, no request finishes, new pages
+        come from free slots or evictions that emit no KV event (no retraction), each step
+        ends by `horizon` and the executor prices steps without a plan (a simulated GPU). Returns the steps run
+        (0: the next step is not one of these; step() runs it)."""
+        if not self.executor.prices_decodes or self.config.check_invariants:
+            return 0
+        price = self.executor.decode_step_time
+        sched, pool, tl = self.sched, self.pool, self.timeline
+        reqs = sched.decode_batch()
+        if reqs is None:
+            return 0
+        b, ps = len(reqs), pool.page_size
+        left = min(len(r.forced_output) - r.num_output for r in reqs)   # steps before a finish
+        if max_steps is not None:
+            left = min(left, max_steps - self.steps)
+        ctx = [r.num_computed for r in reqs]
+        ctx_sum, ctx_max = sum(ctx), max(ctx)
+        due = self._arrivals[0][0] if self._arrivals else math.inf
+        quiet_evict = not self.cache.enable_events     # an eviction no one hears of
+        k = 0
+        while k < left and due > self.now:
+            needy = [r for r in reqs if r.num_slots <= r.num_computed]
+            need = len(needy) * ps
+            if need > pool.available() and (not quiet_evict or need > self.manager.budget()):
+                break                             # a KV event, or a retraction: step() runs it
+            dt = price(b, ctx_sum, ctx_max)
+            if self.now + dt > horizon:
+                break
+            self.manager.tick(self.now)
+            sched.decode_step(reqs, needy)
+            self.executor.charge(dt)
+            self.now += dt
+            ctx_sum, ctx_max = ctx_sum + b, ctx_max + 1
+            self.steps += 1
+            tl["t"].append(self.now)
+            tl["waiting"].append(0)
+            tl["running"].append(b)
+            tl["kv_used"].append(pool.used())
+            k += 1
+        if k:
+            self.last_prefill = False
+        return k
+
     def check_invariants(self) -> None:
         self.manager.check()
 
@@ -130,6 +180,9 @@ class Engine:
                        max_steps: int | None = None) -> EngineReport:
         done = len(self.finished)
         while self.has_work():
+            self.decode_run(max_steps=max_steps)
+            if max_steps is not None and self.steps >= max_steps:
+                break
             if not self.step():
                 break
             if max_steps is not None and self.steps >= max_steps:

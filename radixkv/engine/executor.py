@@ -14,6 +14,10 @@ __all__ = ["BatchPlan", "Executor", "Segment", "StepResult"]
 
 class Executor(Protocol):
     name: str
+    # True: it also prices a decode-only step of scripted requests without a plan
+    # (decode_step_time(batch, ctx_sum, ctx_max) -> seconds, then charge(seconds)), so the
+    # engine may run such steps in a row without building plans (Engine.decode_run)
+    prices_decodes: bool
 
     def run(self, plan: BatchPlan) -> StepResult:
         """Compute every segment's KV (written at its ctx_slots) and sample where asked."""

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import zmq
 
+from radixkv.cache.events import KVEvent
 from radixkv.kvevents.wire import END_SEQ, BlockRemoved, BlockStored, EventBatch, decode_batch
 from radixkv.validate import int_at_least
 
@@ -64,6 +65,42 @@ class KVIndex:
             else:
                 held.clear()
                 self.parents.clear()
+        self.last_seq = seq
+        return True
+
+    def apply_kv(self, seq: int, events: Sequence[KVEvent], page_size: int) -> bool:
+        """apply(seq, the wire batch of a cache's KV events) without building it: to_wire only
+        merges chained pages into runs, which changes no page held, parent or count. Bad events
+        raise as to_wire does, before anything changes."""
+        seq = int_at_least(seq, "seq")
+        for e in events:
+            if e.kind == "stored":
+                if len(e.token_ids) != page_size:
+                    raise ValueError(f"stored page {e.block_hash} has {len(e.token_ids)} tokens, "
+                                     f"not block_size {page_size}")
+            elif e.kind not in ("removed", "cleared"):
+                raise ValueError(f"unknown KV event kind {e.kind!r}; valid: stored, removed, "
+                                 f"cleared")
+        if seq <= self.last_seq:
+            return False
+        self.gaps += seq > self.last_seq + 1
+        self.missed += seq - self.last_seq - 1
+        held, parents = self._held, self.parents
+        for e in events:
+            kind, h = e.kind, e.block_hash
+            if kind == "stored":
+                held[h] = held.get(h, 0) + 1
+                parents[h] = e.parent_hash
+            elif kind == "removed":
+                n = held.get(h, 0)
+                if n > 1:
+                    held[h] = n - 1
+                elif n == 1:
+                    del held[h]
+                    parents.pop(h, None)
+            else:
+                held.clear()
+                parents.clear()
         self.last_seq = seq
         return True
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from radixkv.cache.events import KVEvent, chain_hash, check_hash_algo
+from radixkv.cache.events import KVEvent, chain_hashes, check_hash_algo
 from radixkv.cache.key import RadixKey
 from radixkv.validate import positive_int
 
@@ -205,26 +205,15 @@ def page_hashes(tokens, namespace: tuple, page_size: int, algo: str = "sha256", 
 
 def _chain(parent: int | None, key: RadixKey, inner: tuple, start: int, stop: int,
            page_size: int, algo: str) -> tuple[int, ...]:
-    """The hashes of pages [start, stop) of `key`, chained from `parent`."""
-    out, memo = [], _CHAIN_MEMO
-    for i in range(start, stop):
-        k = (parent, key.namespace if i == 0 else inner, key.page(i, page_size), algo)
-        h = memo.get(k)
-        if h is None:
-            h = chain_hash(*k)
-            if len(memo) >= _CHAIN_MEMO_MAX:
-                memo.clear()
-            memo[k] = h
-        out.append(h)
-        parent = h
-    return tuple(out)
+    """The hashes of pages [start, stop) of `key`, chained from `parent` (the first page of
+    the key mixes in its whole namespace, the others `inner`)."""
+    pages = [key.page(i, page_size) for i in range(start, stop)]
+    return tuple(chain_hashes(parent, inner, pages, algo,
+                              first=key.namespace if start == 0 else None))
 
 
-# chained page hashes already computed: a prompt that shares a prefix with an earlier one
-# hashes only its new pages (a router hashes every prompt it routes); and whole aligned spans
-# of _SPAN pages, so that a long shared prefix costs a lookup per span, not per page
-_CHAIN_MEMO: dict[tuple, int] = {}
-_CHAIN_MEMO_MAX = 1 << 18
+# whole aligned spans of _SPAN pages already hashed (each page is also in the cache layer's
+# memo, radixkv.cache.events): a long shared prefix costs a lookup per span, not per page
 _SPAN = 64
 _SPAN_MEMO: dict[tuple, tuple[int, ...]] = {}
 _SPAN_MEMO_MAX = 1 << 14

@@ -47,6 +47,8 @@ def resolve_device(device=None) -> torch.device:
 
 
 class TorchExecutor:
+    prices_decodes = False          # every step is run and measured
+
     def __init__(self, model: Transformer, args: ModelArgs, num_slots: int, device=None, dtype=None,
                  batch_invariant: bool = False, tile: int = 64, q_tile: int = 32, block: int = 128,
                  bmm_chunk: int = 16, attention: str | None = None, host_slots: int = 0):

@@ -11,6 +11,7 @@ from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
 from radixkv.engine.clients import ClosedLoop
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.engine.metrics import EngineReport
+from radixkv.offline.replay import collector_paused
 from radixkv.sched.request import Request
 from radixkv.sim.costmodel import CostModel
 from radixkv.sim.executor import SimExecutor
@@ -51,7 +52,8 @@ def run_config(workload, cfg: EngineConfig, cost: CostModel,
             engine.add_request(r)
     else:
         loop.start(engine)
-    return engine.run_until_idle(progress=progress)
+    with collector_paused():
+        return engine.run_until_idle(progress=progress)
 
 
 def logical_clock() -> Callable[[], int]:

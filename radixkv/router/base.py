@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 from radixkv.cache.events import KVEvent, check_hash_algo
-from radixkv.kvevents.wire import EventBatch, KVEventBatch, page_hashes, to_wire
+from radixkv.kvevents.wire import EventBatch, page_hashes
 from radixkv.registry import Registry
 from radixkv.validate import finite_time, int_at_least, positive_int
 
@@ -171,14 +171,6 @@ class Router(ABC):
         """The chained hashes of the request's whole prompt pages, as the replicas emit them."""
         c = self.context
         return page_hashes(request.tokens, request.namespace, c.page_size, c.hash_algo)
-
-
-def as_batch(events: Events, page_size: int, ts: float = 0.0) -> EventBatch:
-    """A wire batch for `events`: a batch is returned as is, a list of cache KVEvents is
-    converted (chained stored pages merged)."""
-    if isinstance(events, EventBatch):
-        return events
-    return KVEventBatch(float(ts), to_wire(events, page_size))
 
 
 ROUTERS: Registry[type[Router]] = Registry("router")

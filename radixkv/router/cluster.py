@@ -6,6 +6,11 @@ its cache, first tokens, finished requests; then it starts its next step), and a
 arrival (routed on what the router has been told so far; sent to that replica). At equal times
 step ends come first, replicas in index order. A replica's view is its state at its last step
 end, plus the requests routed to it since. Deterministic for a seed.
+
+Quiet steps skip the clock: a step that produced nothing the router hears (no KV event, first
+token or finish) and ends by the next arrival only refreshes the replica's view, which nobody
+reads before that arrival, so the replica starts its next step at once (most steps are decodes;
+the order of router calls, and so every result, is the same as through the clock).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from dataclasses import dataclass, replace
 from radixkv.config import EngineConfig
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.engine.metrics import EngineReport, RequestRecord
+from radixkv.offline.replay import collector_paused
 from radixkv.offline.simulate import logical_clock
 from radixkv.router import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
 from radixkv.router.base import StepCost
@@ -53,6 +59,7 @@ class Replica:
         self.awaiting: dict[str, tuple[Request, RequestInfo]] = {}   # routed, no first token
         self.infos: dict[str, RequestInfo] = {}                      # routed, not finished
         self.finished: list[Request] = []
+        self.events: list = []                  # KV events taken early, not delivered yet
         self.busy = False                       # a step end is on the clock
         self.view = ReplicaView(kv_capacity=engine.config.kv_capacity)
         self.unprefilled = self.budget = 0      # prompt tokens / output budgets held
@@ -96,12 +103,15 @@ class Cluster:
         for rep in self.replicas:
             rep.engine.on_finish = rep.finished.append
         self._clock: list[tuple[float, int, int, int]] = []   # (time, kind, replica, 0)
+        self._horizon = math.inf                  # the next arrival's time
 
     def _deliver(self, rep: Replica) -> None:
         """The router hears what the replica's last step did."""
         r, router = rep.index, self.router
         if router.uses_events:
             events = rep.engine.cache.take_events()
+            if rep.events:
+                events, rep.events = rep.events + events, []
             if events:
                 router.on_events(r, events)
         if rep.awaiting:
@@ -126,11 +136,25 @@ class Cluster:
     def _step(self, rep: Replica, now: float) -> None:
         e = rep.engine
         e.now = max(e.now, now)
-        if e.has_work() and e.step():
-            heapq.heappush(self._clock, (e.now, _STEP_END, rep.index, 0))
-            rep.busy = True
-        else:
-            rep.busy = False
+        events = self.router.uses_events
+        while e.has_work():
+            if e.decode_run(self._horizon):     # quiet steps, each ending by the horizon
+                rep.snapshot()
+            if not e.step():
+                break
+            if e.now > self._horizon or e.last_prefill or rep.finished:
+                heapq.heappush(self._clock, (e.now, _STEP_END, rep.index, 0))
+                rep.busy = True
+                return
+            if events:
+                taken = e.cache.take_events()
+                if taken:
+                    rep.events.extend(taken)
+                    heapq.heappush(self._clock, (e.now, _STEP_END, rep.index, 0))
+                    rep.busy = True
+                    return
+            rep.snapshot()                        # a quiet step's whole delivery
+        rep.busy = False
 
     def run(self, requests: Sequence[tuple[Request, str | None]],
             progress: Callable[[int], object] | None = None) -> list[Request]:
@@ -139,6 +163,7 @@ class Cluster:
         for req, _ in requests:
             self.replicas[0].engine.check_fits(req)
         nxt = 0
+        self._horizon = requests[order[0]][0].arrival if order else math.inf
         while True:
             t_arr = requests[order[nxt]][0].arrival if nxt < len(order) else math.inf
             if self._clock and self._clock[0][0] <= t_arr:
@@ -152,6 +177,7 @@ class Cluster:
             elif nxt < len(order):
                 req, session = requests[order[nxt]]
                 nxt += 1
+                self._horizon = requests[order[nxt]][0].arrival if nxt < len(order) else math.inf
                 self._route(req, session)
             else:
                 break
@@ -198,8 +224,9 @@ def run_cluster(workload, config: ClusterConfig, router: str, cost: StepCost,
     """One router's run of the workload on a fresh cluster."""
     rt = ROUTERS.get(router)(config.context(cost), options)
     cluster = Cluster(config, rt, cost)
-    reqs = [(request_from_trace(tr, i), tr.session) for i, tr in enumerate(workload)]
-    cluster.run(reqs, progress)
+    with collector_paused():
+        reqs = [(request_from_trace(tr, i), tr.session) for i, tr in enumerate(workload)]
+        cluster.run(reqs, progress)
     if check:
         cluster.check()
     return cluster_result(router, cluster.report(router),

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radixkv.kvevents.index import KVIndex
-from radixkv.router.base import (ROUTERS, Events, ReplicaView, RequestInfo, Router, RouterContext,
-                                 as_batch)
+from radixkv.kvevents.wire import EventBatch
+from radixkv.router.base import ROUTERS, Events, ReplicaView, RequestInfo, Router, RouterContext
 from radixkv.validate import finite_at_least
 
 
@@ -51,7 +51,10 @@ class EventIndexes:
 
     def apply(self, replica: int, events: Events) -> None:
         index = self.indexes[replica]
-        index.apply(index.last_seq + 1, as_batch(events, self.page_size))
+        if isinstance(events, EventBatch):
+            index.apply(index.last_seq + 1, events)
+        else:                                     # a cache's own events: no wire objects
+            index.apply_kv(index.last_seq + 1, events, self.page_size)
 
 
 @ROUTERS.register("llm-d-precise")

@@ -9,6 +9,8 @@ past 128.
 from __future__ import annotations
 
 import random
+
+import numpy as np
 from typing import Any, Callable
 
 from radixkv.cache.manager import CacheManager
@@ -123,14 +125,20 @@ class InBatchDedup:
 
     def __init__(self, check_threshold: int, hold_threshold: int):
         self.check, self.hold = check_threshold, hold_threshold
-        self.scratch = RadixCache(clock=lambda: 0.0)
+        self.scratch: RadixCache | None = None    # built when first asked
+        self._unseen: list[Request] = []          # admitted, not in the scratch tree yet
 
     def should_hold(self, req: Request, cached_len: int) -> bool:
-        if cached_len > self.check:
-            return False
+        if cached_len > self.check or (not self._unseen and self.scratch is None):
+            return False                          # nothing admitted yet: nothing shared
+        if self.scratch is None:                  # a round that admits one prompt and stops
+            self.scratch = RadixCache(clock=lambda: 0.0)      # never builds the tree
+        for r in self._unseen:
+            key = r.match_key()
+            self.scratch.insert(key, np.arange(len(key)))     # distinct slots: lengths matter
+        self._unseen.clear()
         shared = self.scratch.match_prefix(req.match_key(), split=False).prefix_len
         return shared > cached_len and shared - cached_len >= self.hold   # hold=0: share something
 
     def admitted(self, req: Request) -> None:
-        key = req.match_key()
-        self.scratch.insert(key, range(len(key)))
+        self._unseen.append(req)

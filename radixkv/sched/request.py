@@ -141,18 +141,31 @@ class Request:
         return self.tokens[self.prompt_len:]
 
     @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def num_slots(self) -> int:
+        """len(slots), without making the view."""
+        return self._ns
+
+    def head_slots(self, n: int) -> np.ndarray:
+        """slots[:n] (n <= num_slots) in one view."""
+        return self._sbuf[:n]
+
+    @property
     def fill_len(self) -> int:
         """Tokens whose KV prefill must hold before the next sample."""
         return len(self.tokens)
 
     @property
     def remaining_decode(self) -> int:
-        return max(self.max_new_tokens - len(self.output), 0)
+        return max(self.max_new_tokens - len(self.tokens) + self.prompt_len, 0)
 
     def next_token(self, sampled: int | None) -> int:
         """The token this step produces: the script's when the request is scripted."""
         if self.forced_output is not None:
-            i = len(self.output)
+            i = len(self.tokens) - self.prompt_len
             return self.forced_output[i] if i < len(self.forced_output) else STOP
         if sampled is None:
             raise ValueError(f"request {self.rid!r} is not scripted and the executor sampled nothing")
@@ -163,7 +176,7 @@ class Request:
         if token in self.stop_ids:
             return True
         self.tokens.append(token)
-        return len(self.output) >= self.max_new_tokens
+        return len(self.tokens) - self.prompt_len >= self.max_new_tokens
 
     def __repr__(self) -> str:
         return (f"Request({self.rid!r}, {self.status.value}, prompt={self.prompt_len}, "

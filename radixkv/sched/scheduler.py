@@ -19,9 +19,12 @@ from radixkv.sched.admission import AddResult, Counters, PrefillAdder
 from radixkv.sched.batch import BatchPlan, Segment, StepResult
 from radixkv.sched.config import SchedulerConfig
 from radixkv.sched.policy import QUEUE_ORDERS, RETRACT_ORDERS, InBatchDedup, OrderContext
-from radixkv.sched.request import Request, Status
+from radixkv.sched.request import STOP, Request, Status
 
 log = logging.getLogger(__name__)
+
+
+_SCRIPT_STOP = frozenset({STOP})
 
 
 def _arrival_order(r: Request) -> tuple:
@@ -42,6 +45,7 @@ class Scheduler:
         self.new_token_ratio = cfg.init_new_token_ratio
         self.on_admit = on_admit
         self._falling_back = False
+        self._guarding = False                    # the last guard kept entries
 
     def add(self, req: Request) -> None:
         """Queue a request; `waiting` stays in arrival order, so fcfs needs no sort."""
@@ -63,9 +67,11 @@ class Scheduler:
         # one queue order per round: admission walks it, and the guard ranks by it (with a
         # chunked prefill under way nothing is ordered yet: arrival order stands in)
         order = self._ordered_waiting(now) if self.waiting and self.chunked is None else None
-        if self.cfg.queue_aware_eviction:
-            self.mgr.guard((r, r.match_key()) for r in (order or self.waiting))
-        self._schedule_prefill(plan, now, order)
+        if self.cfg.queue_aware_eviction and (self.waiting or self._guarding):
+            # with nothing waiting the guard keeps nothing: once cleared it stays so
+            self._guarding = self.mgr.guard((r, r.match_key()) for r in (order or self.waiting)) > 0
+        if self.waiting or self.chunked is not None:     # else nothing to admit: decode only
+            self._schedule_prefill(plan, now, order)
         if self.running and (not plan.extends or self.cfg.mixed_decode):
             retractions = self.counters.retractions
             self._schedule_decode(plan)
@@ -159,14 +165,39 @@ class Scheduler:
     def _schedule_decode(self, plan: BatchPlan) -> None:
         ps = self.mgr.page_size
         while True:
-            needy = [r for r in self.running if len(r.slots) <= r.num_computed]
+            needy = [r for r in self.running if r.num_slots <= r.num_computed]
             if len(needy) * ps <= self.mgr.budget():
                 break
             self.retract(max(self.running, key=self.victim_key))
         self.mgr.grow(needy, ps)                   # a new page for each request that filled one
         for r in self.running:
             n = r.num_computed
-            plan.decodes.append(Segment(r, n, r.tokens[n:n + 1], r.slots[:n + 1], sample=True))
+            plan.decodes.append(Segment(r, n, r.tokens[n:n + 1], r.head_slots(n + 1), sample=True))
+        self.new_token_ratio = max(self.cfg.min_new_token_ratio,
+                                   self.new_token_ratio - self.cfg.new_token_ratio_decay)
+
+    # ---- runs of decode steps ---------------------------------------------------------------
+    def decode_batch(self) -> list[Request] | None:
+        """The running requests when the next rounds can only decode them, one token each,
+        every one scripted with no stop id but the script's end, no host tier queuing copies:
+        what Engine.decode_run steps without plans. None otherwise."""
+        if self.waiting or self.chunked is not None or not self.running or self._guarding \
+                or self.mgr.host is not None:
+            return None
+        for r in self.running:
+            if r.forced_output is None or r.stop_ids != _SCRIPT_STOP:
+                return None
+        return self.running
+
+    def decode_step(self, reqs: list[Request], needy: list[Request]) -> None:
+        """One round of `decode_batch()` and its result, as schedule() and process() apply
+        it: a new page for each request that filled one, the script's next token for every
+        request (none finishes: the caller checked), the ratio's decay."""
+        if needy:
+            self.mgr.grow(needy, self.mgr.page_size)
+        for r in reqs:
+            r.num_computed += 1
+            r.tokens.append(r.forced_output[len(r.tokens) - r.prompt_len])
         self.new_token_ratio = max(self.cfg.min_new_token_ratio,
                                    self.new_token_ratio - self.cfg.new_token_ratio_decay)
 

@@ -174,10 +174,28 @@ class CostModel:
         """Seconds for one engine step running both kinds together; 0.0 for an empty step."""
         if not prefill_segments and not decode_context_lens:
             return 0.0
-        flops = self.prefill_flops(prefill_segments) + self.decode_flops(decode_context_lens)
-        nbytes = self.bytes_per_gpu(prefill_segments, decode_context_lens)
-        tokens = _new_tokens(prefill_segments, decode_context_lens)
+        _check_segments(prefill_segments)
+        _check_contexts(decode_context_lens)
+        # the integers of prefill_flops + decode_flops and bytes_per_gpu, in one pass
+        linear = pairs = read = 0
+        for p, n in prefill_segments:
+            linear += n
+            pairs += n * p + n * (n + 1) // 2
+            read += p
+        b, ctx = len(decode_context_lens), sum(decode_context_lens)
+        tokens = linear + b
+        ms = self.model_spec
+        flops = ms.flops_per_token * tokens + ms.attn_flops_per_ctx_token * (pairs + ctx + b)
+        nbytes = ms.weight_bytes_per_gpu + ms.kv_bytes_per_token_per_gpu * (read + ctx + tokens)
         return self._device_time(flops, nbytes, tokens) + self.step_overhead_s
+
+    def decode_step_time(self, batch: int, ctx_sum: int, ctx_max: int) -> float:
+        """step_time((), contexts) of a decode-only step, to the bit, from len(contexts),
+        sum(contexts) and max(contexts): what a run of decode steps prices each step with."""
+        ms = self.model_spec
+        flops = ms.flops_per_token * batch + ms.attn_flops_per_ctx_token * (ctx_sum + batch)
+        nbytes = ms.weight_bytes_per_gpu + ms.kv_bytes_per_token_per_gpu * (ctx_sum + batch)
+        return self._device_time(flops, nbytes, batch) + self.step_overhead_s
 
     # ---- conveniences ----------------------------------------------------------------------
     def prefill_tokens_per_s(self, prompt_len: int = 4096, cached_len: int = 0) -> float:

@@ -18,6 +18,7 @@ from radixkv.sim.profile import ProfiledCostModel
 
 
 class SimExecutor:
+    prices_decodes = True
     def __init__(self, cost: CostModel | ProfiledCostModel, output_ids: Sequence[int] | None = None):
         if output_ids is not None and not len(output_ids):
             raise ValueError("output_ids must hold at least one id")
@@ -42,6 +43,16 @@ class SimExecutor:
             return ids[len(req.output) % len(ids)]
         self._filler += 1
         return FILLER_BASE + (self._filler - 1) % FILLER_BASE
+
+    # a run of decode steps (Engine.decode_run) prices and charges each without a plan
+    def decode_step_time(self, batch: int, ctx_sum: int, ctx_max: int) -> float:
+        """What run() charges for a decode-only plan of scripted requests (no copies, nothing
+        sampled), to the bit: priced from len, sum and max of the contexts."""
+        return self.cost.decode_step_time(batch, ctx_sum, ctx_max)
+
+    def charge(self, dt: float) -> None:
+        """Account a step priced by decode_step_time as run() would have."""
+        self.busy_s += dt
 
     def run(self, plan: BatchPlan) -> StepResult:
         dt = self.cost.step_time([(s.prefix_len, s.n) for s in plan.extends],

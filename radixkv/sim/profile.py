@@ -226,6 +226,15 @@ class ProfiledCostModel:
         f = step_features(self.model_spec, prefill_segments, decode_context_lens)
         return sum(c * x for c, x in zip(self._coef, f))
 
+    def decode_step_time(self, batch: int, ctx_sum: int, ctx_max: int) -> float:
+        """step_time((), contexts) from len, sum and max of the contexts, to the bit: each
+        decode is the segment (c, 1)."""
+        spec = self.model_spec
+        a, k = spec.attn_flops_per_ctx_token, spec.kv_bytes_per_token_per_gpu
+        f = (1.0, float(batch), float(spec.flops_per_token * batch), float(a * (ctx_sum + batch)),
+             float(a * batch * (ctx_max + 1)), float(k * ctx_sum), float(k * batch * (ctx_max + 1)))
+        return sum(c * x for c, x in zip(self._coef, f))
+
     def prefill_time(self, segments: Sequence[tuple[int, int]]) -> float:
         return self.step_time(segments, ())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from radixkv.shapes import ModelArgs, get_model_config
 from radixkv.validate import (finite_at_least, positive_fraction, positive_int,
@@ -38,12 +39,12 @@ class GPUSpec:
             raise ValueError(f"GPUSpec.achieved_tflops {self.achieved_tflops!r} exceeds "
                              f"peak_bf16_tflops {self.peak_bf16_tflops!r}")
 
-    @property
+    @cached_property
     def achieved_flops(self) -> float:
         """Sustained FLOP/s of one GPU."""
         return self.achieved_tflops * 1e12
 
-    @property
+    @cached_property
     def achieved_bw_Bps(self) -> float:
         """Sustained bytes/s of one GPU."""
         return self.hbm_bandwidth_Bps * self.achieved_bw_fraction
@@ -138,36 +139,36 @@ class ModelSpec:
         """The same model and dtype served at another TP degree (checked as any spec)."""
         return ModelSpec(self.model, tp=tp, dtype_bytes=self.dtype_bytes)
 
-    @property
+    @cached_property
     def allreduce_bytes_per_token(self) -> int:
         """Bytes one token contributes to each TP all-reduce: its hidden state, dim * dtype."""
         return self.model.dim * self.dtype_bytes
 
-    @property
+    @cached_property
     def weight_bytes(self) -> int:
         """All weights, all GPUs together."""
         return self.model.num_params * self.dtype_bytes
 
-    @property
+    @cached_property
     def weight_bytes_per_gpu(self) -> int:
         return math.ceil(self.weight_bytes / self.tp)
 
-    @property
+    @cached_property
     def kv_heads_per_gpu(self) -> int:
         return max(1, self.model.n_kv_heads // self.tp)
 
-    @property
+    @cached_property
     def kv_bytes_per_token_per_gpu(self) -> int:
         """2 (K, V) * n_layers * kv_heads_per_gpu * head_dim * dtype_bytes."""
         m = self.model
         return 2 * m.n_layers * self.kv_heads_per_gpu * m.head_dim * self.dtype_bytes
 
-    @property
+    @cached_property
     def flops_per_token(self) -> int:
         """Matmul FLOPs per token, all GPUs: 2 * non-embedding params (LM head included)."""
         return 2 * self.model.num_nonembed_params
 
-    @property
+    @cached_property
     def attn_flops_per_ctx_token(self) -> int:
         """Attention FLOPs, all GPUs, per (query, attended key) pair: 4 * L * n_heads * head_dim
         (QK^T and PV are n_heads*head_dim MACs each per layer, 2 FLOPs per MAC)."""

@@ -253,3 +253,41 @@ def test_page_hashes_memoised_by_span_equal_the_plain_chain(base, tail, cut, ps,
     for t in (base, base[:cut] + tail, base + tail):
         assert page_hashes(t, ns, ps, algo, salt_first_only=first) == \
             _chained(t, ns, ps, algo, first)
+
+
+def _event_lists():
+    """Batches of cache events over a few hashes: chained and unchained stored pages (some
+    stored twice), removed ones (some unknown), clears."""
+    ev = st.one_of(
+        st.builds(lambda h, p: KVEvent("stored", h, p, (h, h)), st.integers(0, 12),
+                  st.one_of(st.none(), st.integers(0, 12))),
+        st.builds(lambda h: KVEvent("removed", h), st.integers(0, 14)),
+        st.just(KVEvent("cleared")))
+    return st.lists(st.lists(ev, max_size=12), max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches=_event_lists(), skips=st.lists(st.integers(1, 3), min_size=8, max_size=8))
+def test_apply_kv_holds_what_apply_of_the_wire_batch_holds(batches, skips):
+    """The cluster's path (a cache's KV events applied directly) and the wire path (to_wire,
+    then apply) leave the same pages, counts, parents, sequence, gaps and misses."""
+    direct, wire = KVIndex(), KVIndex()
+    seq = -1
+    for events, skip in zip(batches, skips):
+        seq += skip
+        assert direct.apply_kv(seq, events, 2) == wire.apply(seq, KVEventBatch(0.0, to_wire(events, 2)))
+        assert direct._held == wire._held and direct.parents == wire.parents
+        assert (direct.last_seq, direct.gaps, direct.missed) == (wire.last_seq, wire.gaps, wire.missed)
+    if direct.last_seq >= 0:
+        assert not direct.apply_kv(direct.last_seq, [KVEvent("cleared")], 2)     # not newer
+        assert (direct._held, direct.parents) == (wire._held, wire.parents)
+
+
+def test_apply_kv_refuses_a_bad_event_before_changing_anything():
+    index = KVIndex()
+    index.apply_kv(0, [stored(1, None, [1, 2])], 2)
+    for bad, msg in (([stored(2, 1, [1, 2]), stored(3, 2, [1])], "has 1 tokens, not block_size 2"),
+                     ([KVEvent("removed", 1), KVEvent("moved", 2)], "unknown KV event kind 'moved'")):
+        with pytest.raises(ValueError, match=msg):
+            index.apply_kv(1, bad, 2)
+        assert index.hashes() == {1} and index.last_seq == 0

@@ -36,6 +36,7 @@ def make_engine(kv_capacity: int = 200_000, cache: CacheConfig | None = None,
 class Recorder:
     """Wraps an executor and records every plan it runs as a list of steps, each a list of
     (rid, prefix_len, n, sample, kind) per segment, kind "extend" or "decode"."""
+    prices_decodes = False          # every step goes through run(), so every plan is recorded
 
     def __init__(self, inner):
         self.inner, self.name, self.steps = inner, inner.name, []

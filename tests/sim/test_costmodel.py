@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from radixkv.sim.costmodel import DEFAULT_STEP_OVERHEAD_S, CostModel
 from radixkv.shapes import ModelArgs, get_model_config
@@ -224,3 +225,19 @@ def test_model_spec_and_cost_model_validation():
         cm.decode_time([-2])
     with pytest.raises(ValueError, match="batch_size"):
         cm.decode_tokens_per_s(0, 100)
+
+
+@settings(max_examples=200, deadline=None)
+@given(segs=st.lists(st.tuples(st.integers(0, 70_000), st.integers(1, 9_000)), max_size=5),
+       ctxs=st.lists(st.integers(0, 130_000), max_size=40),
+       model=st.sampled_from(["llama-3-8b", "llama-3-70b"]), gpu=st.sampled_from(["h100-sxm", "a100-80g"]))
+def test_step_time_is_the_roofline_of_its_parts_to_the_bit(segs, ctxs, model, gpu):
+    """step_time sums FLOPs and bytes in one pass; it must equal, as a float, the device time
+    of prefill_flops + decode_flops and bytes_per_gpu plus the overhead."""
+    if not segs and not ctxs:
+        return
+    c = CostModel.named(model, gpu)
+    tokens = sum(n for _, n in segs) + len(ctxs)
+    want = c._device_time(c.prefill_flops(segs) + c.decode_flops(ctxs),
+                          c.bytes_per_gpu(segs, ctxs), tokens) + c.step_overhead_s
+    assert c.step_time(segs, ctxs) == want
