@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test load interop install bench clean
+.PHONY: run test load interop install bench peers clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ interop: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cache.py
+
+# the peers the speed benchmarks set radixkv beside (SGLang's tree, vLLM's KVCacheManager,
+# DynoSim), each installed into a venv of its own under .peers/ (kept between runs)
+peers: $(STAMP)
+	$(BIN)/python benchmarks/peers.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
