@@ -136,25 +136,25 @@ class Cluster:
     def _step(self, rep: Replica, now: float) -> None:
         e = rep.engine
         e.now = max(e.now, now)
-        events = self.router.uses_events
         while e.has_work():
             if e.decode_run(self._horizon):     # quiet steps, each ending by the horizon
                 rep.snapshot()
             if not e.step():
                 break
-            if e.now > self._horizon or e.last_prefill or rep.finished:
+            if e.now > self._horizon or e.last_prefill or rep.finished or self._heard(rep):
                 heapq.heappush(self._clock, (e.now, _STEP_END, rep.index, 0))
                 rep.busy = True
                 return
-            if events:
-                taken = e.cache.take_events()
-                if taken:
-                    rep.events.extend(taken)
-                    heapq.heappush(self._clock, (e.now, _STEP_END, rep.index, 0))
-                    rep.busy = True
-                    return
             rep.snapshot()                        # a quiet step's whole delivery
         rep.busy = False
+
+    def _heard(self, rep: Replica) -> bool:
+        """The step left KV events for the router (kept for its delivery)."""
+        if not self.router.uses_events:
+            return False
+        taken = rep.engine.cache.take_events()
+        rep.events.extend(taken)
+        return bool(taken)
 
     def run(self, requests: Sequence[tuple[Request, str | None]],
             progress: Callable[[int], object] | None = None) -> list[Request]:
