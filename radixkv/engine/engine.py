@@ -132,8 +132,8 @@ class Engine:
         without building plans: while the scheduler can only decode its scripted running
         requests (Scheduler.decode_batch), no arrival is due, no request finishes, new pages
         come from free slots or evictions that emit no KV event (no retraction), each step
-        ends by `horizon` and the executor prices steps without a plan (a simulated GPU). Returns the steps run
-        (0: the next step is not one of these; step() runs it)."""
+        ends by `horizon` and the executor prices steps without a plan (a simulated GPU).
+        Returns the steps run (0: the next step is not one of these; step() runs it)."""
         if not self.executor.prices_decodes or self.config.check_invariants:
             return 0
         price = self.executor.decode_step_time
