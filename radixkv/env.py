@@ -15,3 +15,14 @@ def device() -> str:
         return explicit
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cache_dir():
+    """Where built artefacts are kept between runs (the measured timing tables):
+    RADIXKV_CACHE_DIR, else $XDG_CACHE_HOME/radixkv, else ~/.cache/radixkv."""
+    from pathlib import Path
+    explicit = _get("CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base else Path.home() / ".cache") / "radixkv"

@@ -85,6 +85,7 @@ class CostModel:
     model_spec: ModelSpec
     gpu: GPUSpec
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
+    uncovered: str | None = None    # why measured tables were not used, when they were asked
 
     def __post_init__(self):
         finite_at_least(self.step_overhead_s, "step_overhead_s", 0)
@@ -110,6 +111,12 @@ class CostModel:
     def device_name(self) -> str:
         """The simulated device's name (a named GPU here; a profile's device otherwise)."""
         return self.gpu.name
+
+    @property
+    def timing(self) -> str:
+        """What prices the steps, as every output's metadata names it."""
+        why = "" if self.uncovered is None else f"; {self.uncovered}"
+        return f"roofline: {self.gpu.achieved_tflops:g} TFLOP/s assumed{why}"
 
     # ---- FLOPs and bytes -------------------------------------------------------------------
     def prefill_flops(self, segments: Sequence[tuple[int, int]]) -> int:
@@ -196,6 +203,10 @@ class CostModel:
         flops = ms.flops_per_token * batch + ms.attn_flops_per_ctx_token * (ctx_sum + batch)
         nbytes = ms.weight_bytes_per_gpu + ms.kv_bytes_per_token_per_gpu * (ctx_sum + batch)
         return self._device_time(flops, nbytes, batch) + self.step_overhead_s
+
+    def recompute_s(self, depth: int, n: int) -> float:
+        """Compute seconds of n tokens after depth cached ones (the `cost` eviction order)."""
+        return self.prefill_flops([(depth, n)]) / (self.model_spec.tp * self.gpu.achieved_flops)
 
     # ---- conveniences ----------------------------------------------------------------------
     def prefill_tokens_per_s(self, prompt_len: int = 4096, cached_len: int = 0) -> float:

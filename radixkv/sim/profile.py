@@ -220,6 +220,11 @@ class ProfiledCostModel:
     def device_name(self) -> str:
         return self.profile.device_name
 
+    @property
+    def timing(self) -> str:
+        """What prices the steps, as every output's metadata names it."""
+        return f"profile: measured on {self.profile.device}:{self.profile.device_name}"
+
     def step_time(self, prefill_segments: Sequence[tuple[int, int]] = (),
                   decode_context_lens: Sequence[int] = ()) -> float:
         """Seconds of one engine step; 0.0 for an empty step."""
@@ -237,6 +242,10 @@ class ProfiledCostModel:
 
     def prefill_time(self, segments: Sequence[tuple[int, int]]) -> float:
         return self.step_time(segments, ())
+
+    def recompute_s(self, depth: int, n: int) -> float:
+        """Seconds of n tokens' prefill after depth cached ones (the `cost` eviction order)."""
+        return self.step_time([(depth, n)], ())
 
     def decode_time(self, context_lens: Sequence[int]) -> float:
         return self.step_time((), context_lens)
