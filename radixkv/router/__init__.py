@@ -1,6 +1,7 @@
 """Routers: one front end choosing a replica per request (radixkv.router.base has the
 contract). Importing this package registers every router in ROUTERS."""
-from radixkv.router import llmd, radixkv, ray, session, sglang, simple  # noqa: F401  (register)
+from radixkv.router import (dynamo, llmd, radixkv, ray, session, sglang,  # noqa: F401  (register)
+                            simple)
 from radixkv.router.base import (ROUTERS, ReplicaView, RequestInfo, Router, RouterContext,
                                  make_router)
 
