@@ -54,7 +54,7 @@ ROOMS: dict[str, set[str]] = {
     "workloads": _CORE,
     "engine": {"cache", "sched", "config", "workloads"} | _CORE,
     "model": {"engine", "sched", "cache", "config", "shapes", "env"} | _CORE,
-    "sim": {"engine", "sched", "cache", "config", "shapes"} | _CORE,
+    "sim": {"engine", "sched", "cache", "config", "shapes", "env"} | _CORE,   # env: the tables' cache
     "kvevents": {"cache"} | _CORE,
     "offline": {"engine", "sched", "cache", "config", "sim", "workloads"} | _CORE,
     "router": {"engine", "sched", "cache", "config", "sim", "kvevents", "offline",

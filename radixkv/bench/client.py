@@ -8,7 +8,10 @@ temperature 0, stream with usage. When requests are sent:
 - open loop, request_rate R: the same times scaled so the mean rate is R requests/s (a trace
   whose requests all arrive together is sent at a constant R, in trace order); inf: all at once;
 - closed loop, max_concurrency N: N clients, each sending its next request when its previous
-  one finishes; a session stays on one client, so a conversation's turns go in order.
+  one finishes; a session stays on one client, so a conversation's turns go in order;
+- session arrivals (`arrivals`, open loop): each session's first turn (and each request
+  without a session) at its time as above (request_rate scales those times alone), each later
+  turn its think time after the previous turn's response completed (workloads/sessions.py).
 A failed request (HTTP status, timeout, broken stream) is recorded with its error and the run
 goes on. `duration_limit` stops the run: requests in flight then are errors, the rest unsent.
 """
@@ -19,14 +22,14 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import httpx
 
 from radixkv.bench.stats import RequestRecord, summarize
 from radixkv.validate import positive_int
 from radixkv.workloads import TraceRequest, Workload
-from radixkv.workloads.sessions import SessionQueue
+from radixkv.workloads.sessions import SessionArrivals, SessionChain, SessionQueue
 
 __all__ = ["BenchConfig", "BenchResult", "RequestRecord", "SSEParser", "StreamState",
            "run_benchmark", "send_times", "summarize"]
@@ -44,6 +47,7 @@ class BenchConfig:
     duration_limit: float | None = None
     api_key: str | None = None
     text: bool = False          # prompts as text (see as_text), for gateways that route on text
+    arrivals: SessionArrivals | None = None     # session arrivals (open loop)
 
     def __post_init__(self) -> None:
         url = self.base_url.strip().rstrip("/")
@@ -58,6 +62,9 @@ class BenchConfig:
             if r is not None:
                 raise ValueError("--request-rate and --max-concurrency are two send modes; "
                                  "give one or the other")
+            if self.arrivals is not None:
+                raise ValueError("--arrivals session is open loop and --max-concurrency "
+                                 "closed loop; give one or the other")
         for name, v in (("--timeout", self.timeout), ("--duration-limit", self.duration_limit)):
             if v is not None and not (isinstance(v, (int, float)) and 0 < v < math.inf):
                 raise ValueError(f"{name} {v!r} is not a positive, finite number of seconds")
@@ -167,7 +174,7 @@ def _one_line(text: str, n: int = 200) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
-def send_times(workload: Workload, request_rate: float | None) -> list[float]:
+def send_times(workload: Sequence[TraceRequest], request_rate: float | None) -> list[float]:
     """Seconds after the start at which each request is sent, open loop (see the module)."""
     rel = [r.arrival - workload[0].arrival for r in workload]
     if request_rate is None:
@@ -248,6 +255,30 @@ class _Run:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def sessions(self, arrivals: SessionArrivals) -> None:
+        """Session arrivals: each session's first request at its send time, each later turn
+        its think time after the previous turn's response completed (failed or not)."""
+        chain = SessionChain([r.session for r in self.workload], arrivals)
+        times = send_times([self.workload[i] for i in chain.heads], self.cfg.request_rate)
+
+        async def session(i: int | None, at: float) -> None:
+            delay = self.t0 + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            while i is not None:
+                await self.send(i)
+                i = chain.successor[i]
+                if i is not None and chain.think[i] > 0:
+                    await asyncio.sleep(chain.think[i])
+
+        tasks = [asyncio.create_task(session(i, at)) for i, at in zip(chain.heads, times)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:                        # stopped early: no request outlives the run
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
     async def closed_loop(self, num_clients: int) -> None:
         order = SessionQueue([r.session for r in self.workload], num_clients)
 
@@ -287,8 +318,12 @@ async def run_benchmark_async(workload: Workload, cfg: BenchConfig,
                                  transport=transport) as client:
         model = cfg.model or await fetch_model(client, cfg)
         run = _Run(client, cfg, model, workload, progress)
-        driver = run.closed_loop(cfg.max_concurrency) if cfg.max_concurrency else \
-            run.open_loop(send_times(workload, cfg.request_rate))
+        if cfg.max_concurrency:
+            driver = run.closed_loop(cfg.max_concurrency)
+        elif cfg.arrivals is not None:
+            driver = run.sessions(cfg.arrivals)
+        else:
+            driver = run.open_loop(send_times(workload, cfg.request_rate))
         try:
             async with asyncio.timeout(cfg.duration_limit):
                 await driver

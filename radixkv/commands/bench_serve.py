@@ -10,7 +10,8 @@ from typing import Any
 from rich.table import Table
 
 from radixkv.bench.client import BenchConfig, BenchResult, run_benchmark
-from radixkv.commands.inputs import add_workload_args, concurrency_from_args, load_from_args
+from radixkv.commands.inputs import (add_arrivals_args, add_workload_args, arrivals_from_args,
+                                     arrivals_meta, concurrency_from_args, load_from_args)
 from radixkv.commands.output import (Outputs, advance_by, check_file_target, console, metadata, pct,
                                      progress_bar, unit_of, workload_info)
 
@@ -43,10 +44,12 @@ def register(subparsers: Any) -> None:
     mode.add_argument("--request-rate", type=float, metavar="R",
                       help="open loop at a mean R requests/s: the trace's arrival times scaled "
                            "(requests that all arrive together: one every 1/R s); inf: all at "
-                           "once (default: the arrival times as recorded)")
+                           "once; with --arrivals session, the first turns' times (default: "
+                           "the arrival times as recorded)")
     mode.add_argument("--max-concurrency", type=int, metavar="N",
                       help="closed loop: N clients, each sending its next request when its "
                            "previous one finishes (a session stays on one client, in order)")
+    add_arrivals_args(p)
     g = p.add_argument_group("bounds")
     g.add_argument("--timeout", type=float, default=600.0, metavar="S",
                    help="seconds one request may take before it counts as an error "
@@ -91,10 +94,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_file_target(args.json, "--json")
     clients = concurrency_from_args(args)
+    arrivals = arrivals_from_args(args, clients)
     cfg = BenchConfig(args.base_url, model=args.model, request_rate=args.request_rate,
                       max_concurrency=clients, timeout=args.timeout,
                       duration_limit=args.duration_limit, api_key=args.api_key,
-                      text=args.text_prompts)
+                      text=args.text_prompts, arrivals=arrivals)
     wl = load_from_args(args, seed_for_traces=False)
     con = console()
     with progress_bar(con) as bar:
@@ -105,13 +109,17 @@ def run(args: argparse.Namespace) -> int:
         mode = f"{args.request_rate:g} requests/s"
     else:
         mode = "arrival times"
+    if arrivals is not None:
+        mode = f"session arrivals, {arrivals.describe()}" + (
+            "" if args.request_rate is None else f", first turns at {args.request_rate:g}/s")
     con.print(summary_table(result, f"{result.model} at {cfg.base_url} · {wl.name} "
                                     f"({len(wl)} requests) · {mode}"))
     if args.json is not None:
         row = {"name": result.model, **result.summary}
         doc = metadata(workload_info(wl, args.workload), model=result.model, gpu=None,
                        max_total_tokens=None, results=[row], max_concurrency=clients)
-        doc.update(base_url=cfg.base_url, request_rate=finite_or_str(args.request_rate))
+        doc.update(base_url=cfg.base_url, request_rate=finite_or_str(args.request_rate),
+                   **arrivals_meta(arrivals))
         with Outputs() as out:
             out.write_json(args.json, doc)
         con.print(f"wrote {args.json}")

@@ -9,9 +9,11 @@ from typing import Any
 
 from rich.table import Table
 
-from radixkv.commands.cost import CostChoice, cost_from_args
-from radixkv.commands.flags import add_config_flags, check_pool, configs_from_args
-from radixkv.commands.inputs import add_model_args, add_workload_args, load_from_args
+from radixkv.commands.cost import CostChoice, cost_from_args, run_configs
+from radixkv.commands.flags import add_config_flags, check_pool
+from radixkv.commands.inputs import (add_arrivals_args, add_model_args, add_workload_args,
+                                     arrivals_from_args, arrivals_label, arrivals_meta,
+                                     load_from_args)
 from radixkv.commands.output import (Outputs, check_file_target, console, metadata, pct,
                                      progress_bar, workload_info)
 from radixkv.offline.simulate import REFERENCE
@@ -21,8 +23,8 @@ from radixkv.router.compare import run_routers
 from radixkv.router.results import ClusterResult
 from radixkv.validate import positive_int
 
-# KV per replica: ~48.8 GiB of Llama-3-8B KV, what an 80 GB GPU keeps after the weights; it
-# holds the longest Mooncake request (191,378 + 893 tokens)
+# KV per replica on a profile's device (a named GPU gets the engine's own allocation): ~48.8
+# GiB of Llama-3-8B KV, about what an 80 GB GPU keeps after the weights
 REPLICA_TOKENS = 400_000
 PAGE_SIZE = 16                # the radix cache's page when --page-size is not given
 DEFAULT_ROUTERS = ("round-robin", "power-of-two", "sglang-cache-aware", "ray-prefix-affinity",
@@ -37,9 +39,10 @@ def register(subparsers: Any) -> None:
                     "one row per router.")
     add_workload_args(p, rate_default=f"{REFERENCE.rate:g} for {REFERENCE.workload}, else the "
                                        f"generator's")
+    add_arrivals_args(p)
     add_model_args(p)
     add_config_flags(p, caches="one", scheduler=True,
-                     max_total_tokens=f"{REPLICA_TOKENS:,} per replica")
+                     max_total_tokens="per replica, what the engine would allocate on the GPU")
     g = p.add_argument_group("cluster")
     g.add_argument("--replicas", type=int, default=8, metavar="N",
                    help="replicas behind the router (default: 8)")
@@ -56,11 +59,10 @@ def register(subparsers: Any) -> None:
 
 def cluster_config(args: argparse.Namespace, choice: CostChoice) -> ClusterConfig:
     """The replicas' configuration from the flags; the radix and none caches use pages of
-    PAGE_SIZE tokens unless --page-size says otherwise."""
-    rc = configs_from_args(args, kv_bytes_per_token=choice.kv_bytes_per_token,
-                           default_tokens=REPLICA_TOKENS)
+    PAGE_SIZE tokens unless --page-size or --engine says otherwise."""
+    rc = run_configs(args, choice, choice.default_tokens(REPLICA_TOKENS))
     cache = rc.caches[0]
-    if args.page_size is None and cache.kind != "blockhash":
+    if args.page_size is None and cache.kind != "blockhash" and args.engine is None:
         cache = replace(cache, page_size=PAGE_SIZE)
     cfg = rc.engine(cache)
     check_pool(cfg)
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
         if path is not None:
             check_file_target(path, flag)
+    arrivals = arrivals_from_args(args)
     if args.workers is not None:
         positive_int(args.workers, "--workers")
     for name in args.router:
@@ -106,17 +109,19 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar(con) as bar:
         task = bar.add_task("routers", total=len(args.router))
         results = run_routers(wl, config, args.router, choice.cost, args.workers,
-                              done=lambda _: bar.advance(task))
-    title = (f"{wl.name} ({len(wl)} requests) · {config.replicas} replicas × "
-             f"{config.engine.kv_capacity:,} KV tokens ({config.engine.cache.label}) · "
-             f"{choice.model} on {choice.gpu}")
+                              done=lambda _: bar.advance(task), arrivals=arrivals)
+    title = (f"{wl.name} ({len(wl)} requests){arrivals_label(arrivals)} · {config.replicas} "
+             f"replicas × "
+             f"{choice.describe_pool(config.engine.kv_capacity)} ({config.engine.cache.label}) · "
+             f"{choice.model} on {choice.gpu} ({choice.timing})")
     con.print(table(results, title))
     with Outputs() as out:
         if args.json is not None:
             doc = metadata(workload_info(wl, args.workload), model=choice.model, gpu=choice.gpu,
-                           max_total_tokens=config.engine.kv_capacity,
+                           max_total_tokens=config.engine.kv_capacity, timing=choice.timing,
                            results=[r.row() for r in results])
-            out.write_json(args.json, {**doc, "replicas": config.replicas})
+            out.write_json(args.json, {**doc, "replicas": config.replicas,
+                                       **arrivals_meta(arrivals)})
         if args.plot is not None:
             from radixkv.plots.cluster import plot_cluster
             plot_cluster(results, out.path(args.plot), title)

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Literal
 
 from radixkv.cache.pool import SlotPool
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
+from radixkv.engine.presets import EngineDefaults
 from radixkv.validate import parse_capacity
 
 BLOCK_SIZE = 16                     # vLLM's default block
@@ -248,14 +249,35 @@ def max_total_tokens(args: argparse.Namespace, kv_bytes_per_token: int | None,
 
 
 def configs_from_args(args: argparse.Namespace, *, kv_bytes_per_token: int | None = None,
-                      default_tokens: int | None = None) -> RunConfig:
+                      default_tokens: int | None = None,
+                      engine: EngineDefaults | None = None) -> RunConfig:
     """The configs the flags of add_config_flags describe. A byte-size --max-total-tokens is
     turned into tokens at `kv_bytes_per_token`; without the flag the pool is `default_tokens`
-    (None: unlimited)."""
+    (None: unlimited). `engine`: an engine preset (--engine) whose settings stand in for the
+    flags not given."""
+    if engine is not None:
+        args = with_engine(args, engine)
     caches = cache_configs(args) if args.cache_mode else ()
     sched = sched_config(args, seed=0 if args.seed is None else args.seed)
     return RunConfig(caches, sched, max_total_tokens(args, kv_bytes_per_token, default_tokens),
                      bool(args.check_invariants), sched.seed)
+
+
+def with_engine(args: argparse.Namespace, engine: EngineDefaults) -> argparse.Namespace:
+    """A copy of args with the preset's settings where no flag was given: the scheduler's,
+    and, for a command running one cache, the cache and its page (block) size."""
+    out = argparse.Namespace(**vars(args))
+    for name, value in engine.sched.items():
+        if getattr(out, name) is None:
+            setattr(out, name, value)
+    if args.cache_mode == "one":
+        if args.kind is None and not args.disable_radix_cache:
+            out.kind = engine.cache
+        if out.kind == "blockhash" and args.block_size is None:
+            out.block_size = engine.page_size
+        if out.kind in ("radix", "none") and args.page_size is None:
+            out.page_size = engine.page_size
+    return out
 
 
 # ---- compare --config NAME:KEY=VALUE,... -------------------------------------------------

@@ -6,10 +6,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from radixkv.engine.presets import ENGINES
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
-from radixkv.validate import positive_int, positive_number
+from radixkv.validate import choice, positive_int, positive_number
 from radixkv.workloads import GENERATORS, Workload, load_workload, trace_format
 from radixkv.workloads.generators import KIND_NAMES
+from radixkv.workloads.sessions import ARRIVAL_MODES, SessionArrivals
 from radixkv.workloads.traces import MOONCAKE_BLOCK_SIZE
 
 # generator option -> its flag
@@ -57,7 +59,8 @@ def add_workload_args(p: argparse.ArgumentParser, *, positional: bool = True,
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    """--model, --gpu, --tp and --profile; radixkv.commands.cost resolves them."""
+    """--model, --gpu, --tp, --engine, --timing and --profile; radixkv.commands.cost resolves
+    them."""
     g = p.add_argument_group("simulated hardware")
     g.add_argument("--model", choices=sorted(MODEL_SPECS), metavar="NAME",
                    help=f"model of the cost model and its KV bytes per token: "
@@ -70,6 +73,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="tensor-parallel degree: FLOPs and bytes split over N GPUs, two "
                         "all-reduces per layer over the GPU's link (default: the model's, 1 "
                         "for llama-3-8b)")
+    g.add_argument("--engine", choices=list(ENGINES), metavar="NAME",
+                   help=f"the engine simulated, with its shipped defaults for every cache and "
+                        f"scheduler flag not given (block or page size, token budget, "
+                        f"running-request cap, chunked prefill and decodes, eviction) and its "
+                        f"own timing tables: {', '.join(ENGINES)} (default: none, radixkv's "
+                        f"own defaults; docs/engines.md names each value's source)")
+    g.add_argument("--timing", metavar="NAME[:VERSION]",
+                   help="what prices a step: the measured kernel tables (aiconfigurator-core) "
+                        "of vllm, sglang or trtllm at a release (default: vllm, its newest "
+                        "tables), or roofline (assumed sustained rates); a pair the tables "
+                        "do not cover falls back to the roofline, as the output says")
     g.add_argument("--profile", type=Path, metavar="FILE",
                    help="price steps with a profile measured by `radixkv calibrate` instead of "
                         "the named GPU (its model is the profile's)")
@@ -95,6 +109,49 @@ def concurrency_from_args(args: argparse.Namespace) -> int | None:
             raise ValueError(f"{flag} sets arrival times, which --max-concurrency replaces; "
                              f"give one or the other")
     return n
+
+
+def add_arrivals_args(p: argparse.ArgumentParser) -> None:
+    """--arrivals and --think-time; arrivals_from_args reads them."""
+    g = p.add_argument_group("arrivals")
+    g.add_argument("--arrivals", metavar="MODE",
+                   help="trace: every request at its arrival time; session: open loop with "
+                        "sessions, a session's first turn at its arrival time and each later "
+                        "turn --think-time after its previous turn's reply finished (default: "
+                        "trace)")
+    g.add_argument("--think-time", metavar="SECONDS",
+                   help="with --arrivals session: seconds from a reply to the next turn of its "
+                        "session; exp:SECONDS draws each turn's think time exponential with "
+                        "that mean, seeded by --seed (default: 0)")
+
+
+def arrivals_from_args(args: argparse.Namespace,
+                       clients: int | None = None) -> SessionArrivals | None:
+    """--arrivals and --think-time (exponential ones seeded by --seed), checked: None for
+    trace arrivals. Refuses --think-time without session arrivals, and session arrivals (open
+    loop) with the closed loop's `clients` (--max-concurrency)."""
+    mode = "trace" if args.arrivals is None else choice(args.arrivals, "--arrivals",
+                                                         ARRIVAL_MODES)
+    if mode == "trace":
+        if args.think_time is not None:
+            raise ValueError(f"--think-time applies to --arrivals session, not to --arrivals "
+                             f"{mode}")
+        return None
+    if clients is not None:
+        raise ValueError("--arrivals session is open loop and --max-concurrency closed loop; "
+                         "give one or the other")
+    return SessionArrivals.parse("0" if args.think_time is None else args.think_time,
+                                 0 if args.seed is None else args.seed)
+
+
+def arrivals_meta(arrivals: SessionArrivals | None) -> dict:
+    """What a run's JSON adds for its arrivals: nothing for trace arrivals."""
+    return {} if arrivals is None else arrivals.meta()
+
+
+def arrivals_label(arrivals: SessionArrivals | None) -> str:
+    """" · session arrivals, think time 5 s" for a title; "" for trace arrivals."""
+    return "" if arrivals is None else f" · session arrivals, {arrivals.describe()}"
 
 
 def _kind(spec: str) -> str:

@@ -165,14 +165,16 @@ def workload_info(w: Workload, spec: str) -> dict:
 
 def metadata(workload: dict, *, model: str | None, gpu: str | None,
              max_total_tokens: int | None, results: list[dict],
-             max_concurrency: int | None = None) -> dict:
+             max_concurrency: int | None = None, timing: str | None = None) -> dict:
     """The JSON a run writes: what ran it, on what, and its results with their units.
-    `max_concurrency`: the clients of a closed-loop run, None for the arrival times."""
+    `max_concurrency`: the clients of a closed-loop run, None for the arrival times;
+    `timing`: what priced a simulated GPU's steps (None: no simulated GPU)."""
     return {
         "radixkv_version": __version__,
         "workload": workload,
         "model": model,
         "gpu": gpu,
+        "timing": timing,
         "max_total_tokens": max_total_tokens,
         "max_concurrency": max_concurrency,
         "units": units_of(results),

@@ -68,8 +68,8 @@ def build(args: argparse.Namespace):
         from radixkv.sim.profile import load_profile
         cost = load_profile(args.profile).cost_model()
     elif args.model is not None:
-        from radixkv.sim.costmodel import CostModel
-        cost = CostModel.named(args.model, args.gpu)
+        from radixkv.sim.measured import named_cost
+        cost = named_cost(args.model, args.gpu)
     elif args.router == "radixkv-fit":            # the features' shape; the fit rescales it
         from radixkv.sim.costmodel import CostModel
         cost = CostModel.named("llama-3-8b", args.gpu)

@@ -7,10 +7,11 @@ from typing import Any
 
 from rich.table import Table
 
-from radixkv.commands.cost import cost_from_args
-from radixkv.commands.flags import add_config_flags, check_pool, configs_from_args
-from radixkv.commands.inputs import (add_concurrency_arg, add_model_args, add_workload_args,
-                                     concurrency_from_args, load_from_args)
+from radixkv.commands.cost import cost_from_args, run_configs
+from radixkv.commands.flags import add_config_flags, check_pool
+from radixkv.commands.inputs import (add_arrivals_args, add_concurrency_arg, add_model_args,
+                                     add_workload_args, arrivals_from_args, arrivals_label,
+                                     arrivals_meta, concurrency_from_args, load_from_args)
 from radixkv.commands.output import (Outputs, advance_by, check_file_target, console, engine_row,
                                      metadata, pct, progress_bar, unit_of, workload_info)
 from radixkv.offline.simulate import REFERENCE, run_config
@@ -27,9 +28,11 @@ def register(subparsers: Any) -> None:
                       rate_default=f"{REFERENCE.rate:g} for {REFERENCE.workload}, else the "
                                    f"generator's")
     add_concurrency_arg(p)
+    add_arrivals_args(p)
     add_model_args(p)
     add_config_flags(p, caches="one", scheduler=True,
-                     max_total_tokens=str(REFERENCE.max_total_tokens))
+                     max_total_tokens=f"{REFERENCE.max_total_tokens:,} for {REFERENCE.workload}, "
+                                      f"else what the engine would allocate on the GPU")
     p.add_argument("--json", type=Path, metavar="OUT",
                    help="also write the summary, with the run's metadata, as JSON")
     p.set_defaults(func=run)
@@ -52,20 +55,22 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_file_target(args.json, "--json")
     clients = concurrency_from_args(args)
+    arrivals = arrivals_from_args(args, clients)
     choice = cost_from_args(args)
-    rc = configs_from_args(args, kv_bytes_per_token=choice.kv_bytes_per_token,
-                           default_tokens=REFERENCE.max_total_tokens)
+    rc = run_configs(args, choice, REFERENCE.pool(args.workload)
+                     or choice.default_tokens(REFERENCE.max_total_tokens))
     cfg = rc.engine(rc.caches[0])
     check_pool(cfg)
     wl = load_from_args(args, generator_defaults=REFERENCE.generator_defaults(args.workload))
     con = console()
     with progress_bar(con) as bar:
         rep = run_config(wl, cfg, choice.cost, progress=advance_by(bar, cfg.label, len(wl)),
-                         max_concurrency=clients)
+                         max_concurrency=clients, arrivals=arrivals)
     s = rep.summary()
-    loop = "" if clients is None else f" · {clients} clients"
-    table = Table(title=f"{cfg.label} · {wl.name} ({len(wl)} requests){loop} · KV "
-                        f"{cfg.kv_capacity:,} tokens · {choice.model} on {choice.gpu}")
+    loop = ("" if clients is None else f" · {clients} clients") + arrivals_label(arrivals)
+    table = Table(title=f"{cfg.label} · {wl.name} ({len(wl)} requests){loop} · "
+                        f"{choice.describe_pool(cfg.kv_capacity)} · {choice.model} on "
+                        f"{choice.gpu} ({choice.timing})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in s.items():
@@ -73,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
     con.print(table)
     if args.json is not None:
         with Outputs() as out:
-            out.write_json(args.json, metadata(workload_info(wl, args.workload), model=choice.model,
-                                               gpu=choice.gpu, max_total_tokens=cfg.kv_capacity,
-                                               results=[engine_row(s)],
-                                               max_concurrency=clients))
+            doc = metadata(workload_info(wl, args.workload), model=choice.model, gpu=choice.gpu,
+                           max_total_tokens=cfg.kv_capacity, results=[engine_row(s)],
+                           max_concurrency=clients, timing=choice.timing)
+            out.write_json(args.json, {**doc, **arrivals_meta(arrivals)})
         con.print(f"wrote {args.json}")
     return 0

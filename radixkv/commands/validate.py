@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         doc = metadata(workload_info(wl, args.workload), model=margs.name,
                        gpu=f"{prof.device}:{prof.device_name}", max_total_tokens=cfg.kv_capacity,
-                       results=[{"metric": r.metric, **r.as_dict()} for r in fid.rows])
+                       results=[{"metric": r.metric, **r.as_dict()} for r in fid.rows],
+                       timing=prof.cost_model().timing)
         doc["metrics"] = {r.metric: r.as_dict() for r in fid.rows}
         doc["profile"] = str(args.profile)
         with Outputs() as out:

@@ -1,10 +1,15 @@
-"""Closed-loop load: N clients, each sending its next request the moment its previous one
-finishes (think time 0), instead of the trace's arrival times.
+"""Load that follows the replies: the engine's on_finish hook sends what a finish allows.
 
-Which request a client sends next: the earliest request in trace order that it may send, that
-is one of a session it already holds or the first request of a session nobody holds yet (the
-session then becomes the client's). So every session stays on one client, in its trace order,
-and each client's requests are in trace order. A multi-turn conversation is therefore never
+`ClosedLoop` — N clients, each sending its next request the moment its previous one finishes
+(think time 0), instead of the trace's arrival times. `SessionLoop` — open loop with sessions
+(`--arrivals session`): each session's first turn at its trace arrival, each later turn a
+think time after its previous turn finished (workloads/sessions.py's `SessionChain`, which
+the cluster simulator and bench-serve share).
+
+Closed loop, which request a client sends next: the earliest request in trace order that it
+may send, that is one of a session it already holds or the first request of a session nobody
+holds yet (the session then becomes the client's). So every session stays on one client, in
+its trace order, and each client's requests are in trace order. A multi-turn conversation is therefore never
 sent ahead of its previous turn's reply, which its prompt contains. A request without a
 session is a session of its own. A client left with nothing it may send stays idle: the
 sessions still pending belong to other clients.
@@ -15,34 +20,50 @@ from typing import Sequence
 
 from radixkv.sched.request import Request
 from radixkv.validate import positive_int
-from radixkv.workloads.sessions import SessionQueue
+from radixkv.workloads.sessions import SessionArrivals, SessionChain, SessionQueue
 
 
-class ClosedLoop:
-    """Feeds an Engine: `start(engine)` sends each client's first request at the engine's
-    current time; the engine's on_finish hook (`finished`) sends the finishing client's next
-    one. `requests` are in trace order; `sessions[i]` is request i's session or None."""
+class _Feed:
+    """Requests in trace order (`sessions[i]`: request i's session or None) fed to an Engine:
+    `start(engine)` checks every request fits its pool (so a run cannot stop halfway on one
+    that never could) and sends the first ones; `finished`, the engine's on_finish hook, sends
+    what that finish allows."""
 
-    def __init__(self, requests: Sequence[Request], sessions: Sequence[str | None],
-                 num_clients: int):
+    def __init__(self, requests: Sequence[Request], sessions: Sequence[str | None]):
         if len(sessions) != len(requests):
             raise ValueError(f"{len(sessions)} sessions for {len(requests)} requests")
-        self.num_clients = positive_int(num_clients, "the number of clients")
         self.requests = list(requests)
-        self._order = SessionQueue(sessions, self.num_clients)
         self._pos = {id(r): i for i, r in enumerate(self.requests)}   # rids may repeat
-        self.client_of: list[int | None] = [None] * len(self.requests)  # by trace position
-        self.sent: list[list[Request]] = [[] for _ in range(self.num_clients)]
         self._engine = None
 
     def start(self, engine) -> None:
-        """Check every request fits the engine's pool (so a run cannot stop halfway on one
-        that never could), then send each client's first request."""
         for r in self.requests:
             engine.check_fits(r)
         self._engine = engine
+        self._first(engine.now)
+
+    def _first(self, now: float) -> None:
+        raise NotImplementedError
+
+    def finished(self, req: Request) -> None:
+        raise NotImplementedError
+
+
+class ClosedLoop(_Feed):
+    """`start(engine)` sends each client's first request at the engine's current time; the
+    engine's on_finish hook (`finished`) sends the finishing client's next one."""
+
+    def __init__(self, requests: Sequence[Request], sessions: Sequence[str | None],
+                 num_clients: int):
+        super().__init__(requests, sessions)
+        self.num_clients = positive_int(num_clients, "the number of clients")
+        self._order = SessionQueue(sessions, self.num_clients)
+        self.client_of: list[int | None] = [None] * len(self.requests)  # by trace position
+        self.sent: list[list[Request]] = [[] for _ in range(self.num_clients)]
+
+    def _first(self, now: float) -> None:
         for c in range(self.num_clients):
-            self._send(c, engine.now)
+            self._send(c, now)
 
     def finished(self, req: Request) -> None:
         self._send(self.client_of[self._pos[id(req)]], req.finish_time)
@@ -60,3 +81,32 @@ class ClosedLoop:
         self.client_of[i] = client
         self.sent[client].append(req)
         self._engine.add_request(req)
+
+
+class SessionLoop(_Feed):
+    """Session arrivals: the heads (each session's first request, every request without a
+    session) at their own arrival times; each later turn, when its predecessor finishes, at
+    finish + think time (its arrival set to that, so TTFT and E2E count from its release)."""
+
+    def __init__(self, requests: Sequence[Request], sessions: Sequence[str | None],
+                 arrivals: SessionArrivals):
+        super().__init__(requests, sessions)
+        self.chain = SessionChain(sessions, arrivals)
+        self.released = 0                 # later turns sent so far
+
+    def _first(self, now: float) -> None:
+        for i in self.chain.heads:
+            self._engine.add_request(self.requests[i])
+
+    def finished(self, req: Request) -> None:
+        nxt = self.chain.release(self._pos[id(req)], req.finish_time)
+        if nxt is not None:
+            j, t = nxt
+            self.requests[j].arrival = t
+            self.released += 1
+            self._engine.add_request(self.requests[j])
+
+    def pending(self) -> int:
+        """Requests not sent yet."""
+        sent = len(self.chain.heads) + self.released if self._engine is not None else 0
+        return len(self.requests) - sent

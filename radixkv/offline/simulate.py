@@ -1,14 +1,15 @@
 """Run workloads through the engine on a simulated GPU: one configuration, or several side by
-side on the same arrivals (`compare`). Open loop, requests arrive at the trace's times; closed
-loop (`max_concurrency`), N clients each send their next request when the previous one
-finishes (radixkv.engine.clients)."""
+side on the same arrivals (`compare`). Open loop, requests arrive at the trace's times, or with
+session arrivals (`arrivals`) each later turn of a session a think time after its previous turn
+finished; closed loop (`max_concurrency`), N clients each send their next request when the
+previous one finishes (radixkv.engine.clients)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
-from radixkv.engine.clients import ClosedLoop
+from radixkv.engine.clients import ClosedLoop, SessionLoop
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.engine.metrics import EngineReport
 from radixkv.offline.replay import collector_paused
@@ -16,6 +17,7 @@ from radixkv.sched.request import Request
 from radixkv.sim.costmodel import CostModel
 from radixkv.sim.executor import SimExecutor
 from radixkv.sim.oracle import FutureOracle
+from radixkv.workloads.sessions import SessionArrivals
 
 
 def build_requests(workload) -> list[Request]:
@@ -24,9 +26,14 @@ def build_requests(workload) -> list[Request]:
 
 def run_config(workload, cfg: EngineConfig, cost: CostModel,
                progress: Callable[[int], object] | None = None,
-               max_concurrency: int | None = None) -> EngineReport:
+               max_concurrency: int | None = None,
+               arrivals: SessionArrivals | None = None) -> EngineReport:
     """Simulate one configuration on a workload; a fresh cache, pool and scheduler each time.
-    `max_concurrency` N: closed loop, N clients in place of the arrival times."""
+    `max_concurrency` N: closed loop, N clients in place of the arrival times; `arrivals`:
+    session arrivals (engine/clients.py's SessionLoop)."""
+    if max_concurrency is not None and arrivals is not None:
+        raise ValueError("session arrivals are open loop and max_concurrency is closed loop; "
+                         "give one or the other")
     reqs = build_requests(workload)
     on_admit, extra = None, {}
     if cfg.cache.eviction == "belady":
@@ -34,17 +41,21 @@ def run_config(workload, cfg: EngineConfig, cost: CostModel,
         # is the arrival order. Closed loop, the arrival order is only known as the run goes;
         # each client sends its requests in trace order and the clients advance through the
         # trace together, so trace order is the oracle's estimate of it: exact per client,
-        # approximate across clients (a fast client may run ahead of a slow one).
+        # approximate across clients (a fast client may run ahead of a slow one). Session
+        # arrivals likewise: trace order is exact within a session, an estimate across them.
         oracle = FutureOracle(reqs, cfg.cache.page_size)
         on_admit, extra = oracle.admitted, {"oracle": oracle, "clock": logical_clock()}
     else:
         extra = {"clock": logical_clock()} if cfg.cache.kind == "radix" else {}
     if cfg.cache.eviction == "cost":
         # recompute time of a leaf's tokens at its depth, from the cost model
-        rate = cost.model_spec.tp * cost.gpu.achieved_flops
-        extra["token_cost"] = lambda depth, n: cost.prefill_flops([(depth, n)]) / rate
-    loop = None if max_concurrency is None else \
-        ClosedLoop(reqs, [tr.session for tr in workload], max_concurrency)
+        extra["token_cost"] = cost.recompute_s
+    sessions = [tr.session for tr in workload]
+    loop: ClosedLoop | SessionLoop | None = None
+    if arrivals is not None:
+        loop = SessionLoop(reqs, sessions, arrivals)
+    elif max_concurrency is not None:
+        loop = ClosedLoop(reqs, sessions, max_concurrency)
     engine = Engine(cfg, cfg.cache.build(**extra), SimExecutor(cost), on_admit=on_admit,
                     on_finish=None if loop is None else loop.finished)
     if loop is None:
@@ -73,6 +84,11 @@ class ReferenceRun:
 
     def generator_defaults(self, spec: str) -> dict:
         return {"rate": self.rate} if spec == self.workload else {}
+
+    def pool(self, spec: str) -> int | None:
+        """The KV pool of the reference experiment for its own workload; None elsewhere (the
+        engine's allocation on the GPU then)."""
+        return self.max_total_tokens if spec == self.workload else None
 
 
 REFERENCE = ReferenceRun()
@@ -116,10 +132,11 @@ def _design_name(cache: CacheConfig, policy: str) -> str:
 
 def compare(workload, configs: Sequence[Named], cost: CostModel,
             progress: Callable[[str, int], object] | None = None,
-            max_concurrency: int | None = None) -> list[tuple[Named, EngineReport]]:
+            max_concurrency: int | None = None,
+            arrivals: SessionArrivals | None = None) -> list[tuple[Named, EngineReport]]:
     out = []
     for nc in configs:
         cb = (lambda k, n=nc.name: progress(n, k)) if progress else None
         out.append((nc, run_config(workload, nc.cfg.with_(name=nc.name), cost, cb,
-                                   max_concurrency)))
+                                   max_concurrency, arrivals)))
     return out

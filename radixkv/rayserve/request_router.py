@@ -30,7 +30,7 @@ from radixkv.rayserve.replica import hub_named
 from radixkv.router import ROUTERS, RequestInfo, Router, RouterContext, make_router
 from radixkv.router.inflight import InFlight
 from radixkv.server.build import ServeOptions
-from radixkv.sim.costmodel import CostModel
+from radixkv.sim.measured import named_cost
 from radixkv.sim.specs import MODEL_SPECS
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def router_config(name: str, replicas: int, opts: ServeOptions, cfg: EngineConfi
 
 
 def build_router(kw: dict) -> Router:
-    cost = CostModel.named(kw["model"], kw["gpu"]) if kw["model"] in MODEL_SPECS else None
+    cost = named_cost(kw["model"], kw["gpu"]) if kw["model"] in MODEL_SPECS else None
     ctx = RouterContext(kw["replicas"], kw["page_size"], kw["hash_algo"], kw["seed"], cost,
                         kw["prefill_chunk"])
     return make_router(kw["router"], ctx)

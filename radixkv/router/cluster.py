@@ -11,6 +11,12 @@ Quiet steps skip the clock: a step that produced nothing the router hears (no KV
 token or finish) and ends by the next arrival only refreshes the replica's view, which nobody
 reads before that arrival, so the replica starts its next step at once (most steps are decodes;
 the order of router calls, and so every result, is the same as through the clock).
+
+Session arrivals (`arrivals`): each later turn of a session arrives, and is routed, a think
+time after its previous turn finished (workloads/sessions.py's `ArrivalQueue`). A finish can
+then add an arrival sooner than the next one known, so a replica runs quiet steps only up to
+the least think time still to come after the moment it steps (`ArrivalQueue.floor`): every
+arrival a later finish adds lands after them.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from radixkv.router.results import ClusterResult, cluster_result
 from radixkv.sched.request import Request, Status
 from radixkv.sim.executor import SimExecutor
 from radixkv.validate import int_at_least, positive_int
+from radixkv.workloads.sessions import ArrivalQueue, SessionArrivals, SessionChain
 
 _STEP_END, _ARRIVAL = 0, 1
 
@@ -104,6 +111,8 @@ class Cluster:
             rep.engine.on_finish = rep.finished.append
         self._clock: list[tuple[float, int, int, int]] = []   # (time, kind, replica, 0)
         self._horizon = math.inf                  # the next arrival's time
+        self._due = ArrivalQueue(())              # the arrivals to come
+        self._pos: dict[int, int] = {}            # id(request) -> its trace position
 
     def _deliver(self, rep: Replica) -> None:
         """The router hears what the replica's last step did."""
@@ -124,6 +133,8 @@ class Cluster:
                 router.on_ttft(r, info, req.first_token - req.arrival)
                 router.on_first_token(r, info)
         for req in rep.finished:
+            if self._due.finished(self._pos[id(req)], req.finish_time) is not None:
+                self._horizon = self._due.next_time()     # a session's next turn, released
             if req.rid in rep.awaiting:               # finished in the step of its prefill
                 del rep.awaiting[req.rid]
                 rep.unprefilled -= req.prompt_len
@@ -136,12 +147,13 @@ class Cluster:
     def _step(self, rep: Replica, now: float) -> None:
         e = rep.engine
         e.now = max(e.now, now)
+        horizon = min(self._horizon, now + self._due.floor())
         while e.has_work():
-            if e.decode_run(self._horizon):     # quiet steps, each ending by the horizon
+            if e.decode_run(horizon):           # quiet steps, each ending by the horizon
                 rep.snapshot()
             if not e.step():
                 break
-            if e.now > self._horizon or e.last_prefill or rep.finished or self._heard(rep):
+            if e.now > horizon or e.last_prefill or rep.finished or self._heard(rep):
                 heapq.heappush(self._clock, (e.now, _STEP_END, rep.index, 0))
                 rep.busy = True
                 return
@@ -157,15 +169,19 @@ class Cluster:
         return bool(taken)
 
     def run(self, requests: Sequence[tuple[Request, str | None]],
-            progress: Callable[[int], object] | None = None) -> list[Request]:
-        """Serve (request, session) pairs, in arrival order; returns every request, finished."""
-        order = sorted(range(len(requests)), key=lambda i: (requests[i][0].arrival, i))
+            progress: Callable[[int], object] | None = None,
+            arrivals: SessionArrivals | None = None) -> list[Request]:
+        """Serve (request, session) pairs, in trace order: each at its arrival, or with
+        `arrivals` each later turn of a session a think time after its previous turn finished
+        (its arrival set to that); returns every request, finished."""
         for req, _ in requests:
             self.replicas[0].engine.check_fits(req)
-        nxt = 0
-        self._horizon = requests[order[0]][0].arrival if order else math.inf
+        chain = None if arrivals is None else SessionChain([s for _, s in requests], arrivals)
+        self._due = ArrivalQueue([q.arrival for q, _ in requests], chain)
+        self._pos = {id(q): i for i, (q, _) in enumerate(requests)}
+        self._horizon = self._due.next_time()
         while True:
-            t_arr = requests[order[nxt]][0].arrival if nxt < len(order) else math.inf
+            t_arr = self._due.next_time()
             if self._clock and self._clock[0][0] <= t_arr:
                 t, _, r, _ = heapq.heappop(self._clock)
                 rep = self.replicas[r]
@@ -174,10 +190,11 @@ class Cluster:
                 self._step(rep, t)
                 if progress is not None and done:
                     progress(done)
-            elif nxt < len(order):
-                req, session = requests[order[nxt]]
-                nxt += 1
-                self._horizon = requests[order[nxt]][0].arrival if nxt < len(order) else math.inf
+            elif self._due:
+                i, t = self._due.pop()
+                req, session = requests[i]
+                req.arrival = t
+                self._horizon = self._due.next_time()
                 self._route(req, session)
             else:
                 break
@@ -220,13 +237,13 @@ class Cluster:
 
 def run_cluster(workload, config: ClusterConfig, router: str, cost: StepCost,
                 options=None, progress: Callable[[int], object] | None = None,
-                check: bool = False) -> ClusterResult:
-    """One router's run of the workload on a fresh cluster."""
+                check: bool = False, arrivals: SessionArrivals | None = None) -> ClusterResult:
+    """One router's run of the workload on a fresh cluster (`arrivals`: session arrivals)."""
     rt = ROUTERS.get(router)(config.context(cost), options)
     cluster = Cluster(config, rt, cost)
     with collector_paused():
         reqs = [(request_from_trace(tr, i), tr.session) for i, tr in enumerate(workload)]
-        cluster.run(reqs, progress)
+        cluster.run(reqs, progress, arrivals)
     if check:
         cluster.check()
     return cluster_result(router, cluster.report(router),

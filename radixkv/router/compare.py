@@ -12,6 +12,7 @@ from radixkv.router import ROUTERS
 from radixkv.router.cluster import ClusterConfig, run_cluster
 from radixkv.router.results import ClusterResult
 from radixkv.router.base import StepCost
+from radixkv.workloads.sessions import SessionArrivals
 
 _WORKLOAD = None
 
@@ -21,14 +22,17 @@ def _init_worker(workload) -> None:
     _WORKLOAD = workload
 
 
-def _job(config: ClusterConfig, router: str, cost: StepCost) -> ClusterResult:
-    return run_cluster(_WORKLOAD, config, router, cost)
+def _job(config: ClusterConfig, router: str, cost: StepCost,
+         arrivals: SessionArrivals | None) -> ClusterResult:
+    return run_cluster(_WORKLOAD, config, router, cost, arrivals=arrivals)
 
 
 def run_routers(workload, config: ClusterConfig, routers: Sequence[str], cost: StepCost,
                 workers: int | None = None,
-                done: Callable[[ClusterResult], object] | None = None) -> list[ClusterResult]:
-    """One result per router, in the order given; `done` is called as each run ends."""
+                done: Callable[[ClusterResult], object] | None = None,
+                arrivals: SessionArrivals | None = None) -> list[ClusterResult]:
+    """One result per router, in the order given; `done` is called as each run ends;
+    `arrivals`: session arrivals (router/cluster.py)."""
     for name in routers:
         ROUTERS.get(name)                       # an unknown name fails before any run
     if len(set(routers)) != len(routers):
@@ -37,14 +41,14 @@ def run_routers(workload, config: ClusterConfig, routers: Sequence[str], cost: S
     out: dict[str, ClusterResult] = {}
     if n <= 1:
         for name in routers:
-            out[name] = run_cluster(workload, config, name, cost)
+            out[name] = run_cluster(workload, config, name, cost, arrivals=arrivals)
             if done is not None:
                 done(out[name])
         return [out[name] for name in routers]
     # spawn, not fork: the caller may run threads (a progress bar)
     with ProcessPoolExecutor(n, mp_context=get_context("spawn"), initializer=_init_worker,
                              initargs=(workload,)) as pool:
-        pending = {pool.submit(_job, config, name, cost): name for name in routers}
+        pending = {pool.submit(_job, config, name, cost, arrivals): name for name in routers}
         try:
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)

@@ -52,6 +52,9 @@ class SchedulerConfig:
         "--new-token-ratio-decay", "decrease of that share per decode step"))
     mixed_decode: bool = field(default=False, metadata=cli_flag(
         "--enable-mixed-chunk", "run decodes in the same step as a prefill"))
+    shared_token_budget: bool = field(default=False, metadata=cli_flag(
+        "--shared-token-budget", "with --enable-mixed-chunk, the running decodes take their "
+        "tokens out of the step's prefill budget, as vLLM's one token budget does"))
     seed: int = field(default=0, metadata=cli_flag(                     # for the random policy
         "--seed", "seed of the workload generator, the random queue order, and generate's "
         "weights and sampling"))

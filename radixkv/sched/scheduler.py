@@ -118,7 +118,10 @@ class Scheduler:
     def _schedule_prefill(self, plan: BatchPlan, now: float,
                           order: list[Request] | None = None) -> None:
         cfg = self.cfg
-        adder = PrefillAdder(self.mgr, cfg.prefill_budget, cfg.chunked_prefill_size > 0,
+        budget = cfg.prefill_budget
+        if cfg.shared_token_budget and cfg.mixed_decode:
+            budget = max(budget - len(self.running), 0)     # the decodes' tokens come first
+        adder = PrefillAdder(self.mgr, budget, cfg.chunked_prefill_size > 0,
                              self._reserved(), self.new_token_ratio)
         if self.chunked is not None:
             req = self.chunked

@@ -90,12 +90,12 @@ def _torch_parts(opts: ServeOptions, cfg: EngineConfig) -> tuple[Any, Any, Any]:
 
 def sim_cost(opts: ServeOptions):
     """The simulated GPU's step prices: the profile measured for --model, else the named model
-    on the named GPU at the TP degree."""
-    from radixkv.sim.costmodel import CostModel
+    on the named GPU at the TP degree, priced by its measured tables where they cover it."""
+    from radixkv.sim.measured import named_cost
     if opts.profile is not None:
         from radixkv.sim.profile import load_profile
         return load_profile(opts.profile, model=opts.model).cost_model()
-    return CostModel.named(opts.model, opts.gpu, tp=opts.tp)
+    return named_cost(opts.model, opts.gpu, tp=opts.tp)
 
 
 def tokenizer_path(opts: ServeOptions) -> str | None:

@@ -194,7 +194,7 @@ def test_generate_bad_options(argv, line, capsys):
                      "lpm-fallback-threshold, lpm-max-wait, disable-queue-aware-eviction, "
                      "retract-policy, retract-insert, "
                      "init-new-token-ratio, min-new-token-ratio, new-token-ratio-decay, "
-                     "enable-mixed-chunk, seed"),
+                     "enable-mixed-chunk, shared-token-budget, seed"),
     ("b:cache=blockhash,page-size=4", "config 'b:cache=blockhash,page-size=4': --page-size "
                                       "applies to the radix and none caches, not to blockhash; "
                                       "blockhash takes --block-size"),

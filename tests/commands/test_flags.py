@@ -56,7 +56,8 @@ def test_simulate_help_shows_every_default(capsys):
                   "oracle, simulation only): lru, mru, fifo, filo, lfu, slru, priority, belady, cost, "
                   "retention, reuse (default: lru)",
                   "--max-total-tokens TOKENS|SIZE KV pool: tokens, or a byte size such as 12GiB "
-                  "at the model's KV bytes per token (default: 100000)",
+                  "at the model's KV bytes per token (default: 100,000 for support, else what "
+                  "the engine would allocate on the GPU)",
                   "--chunked-prefill-size N longest prefill chunk in tokens; 0 or -1: no "
                   "chunking (default: 8192)",
                   "--page-size N tokens per KV page of the radix and none caches (default: 1)",

@@ -13,7 +13,8 @@ from radixkv.commands.output import JSON_KEYS, UNITS, Outputs, units_of, unit_of
 
 from ._helpers import SMALL, hash_id_trace, run
 
-TOP = ["radixkv_version", "workload", "model", "gpu", "max_total_tokens", "max_concurrency", "units", "results"]
+TOP = ["radixkv_version", "workload", "model", "gpu", "timing", "max_total_tokens", "max_concurrency",
+       "units", "results"]
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,9 @@ def test_rows_json_and_plot(tmp_path, capsys):
     assert (rc, err) == (0, "")
     doc = json.loads(out_json.read_text())
     assert [r["router"] for r in doc["results"]] == ["round-robin", "radixkv", "session-hash"]
-    assert doc["replicas"] == 2 and doc["max_total_tokens"] == 400_000
+    # the pool the engine would allocate on the GPU, priced by its measured tables
+    assert doc["replicas"] == 2 and doc["max_total_tokens"] == 432_992
+    assert doc["timing"] == "measured: aiconfigurator-core 0.12.0 vllm 0.24.0 tables"
     assert doc["units"]["ttft_p99"] == "s" and doc["units"]["hit_rate"] == "fraction"
     for row in doc["results"]:
         assert set(row) >= {"hit_rate", "prefill_tokens", "ttft_p50", "ttft_p99", "e2e_p99",
