@@ -3,14 +3,23 @@ each run through TorchExecutor.run (the call the engine times), then the fit of
 radixkv.sim.profile.
 
 Grid: prefill steps of `batch` equal segments of `new` tokens after `prefix` cached ones, plus
-mixed prefill batches (one long segment beside short ones, so padding is seen); decode steps of
-`batch` requests at `context` tokens, plus decode batches with mixed contexts. Each point is
-timed `repeats` times after a warm-up run; the fastest is kept. Each sequence's context is one
+mixed prefill batches (one long segment, of at most a quarter of `max_step_tokens`, beside short
+ones, so padding is seen: their padded grid is what makes them slow to time); decode steps of
+`batch` requests at `context` tokens (at most `max_decode_context` context tokens in all), plus
+decode batches with mixed contexts. Each point is timed up to `repeats` times after a warm-up
+run, fewer once the timed runs add up to `repeat_budget_s` (a 3 s prefill varies by well under
+the 1 % that repeating it would win); the fastest is kept. On a CPU `flush_bytes` are written
+before each timed run, so a step starts with cold caches as in a real run (time_point).
+
+The CPU grid reaches what CPU-sized workloads do: prefills up to the default chunk (8192 new
+tokens a step) after prefixes up to 4096, decode batches up to 64 and contexts up to 6144,
+beyond the cache-spill threshold of a padded decode grid (radixkv.sim.profile). Each sequence's context is one
 contiguous run of slots at a random place in the pool, as a pool that has not fragmented hands
 them out (on a CPU, a gather of scattered slots costs several times a contiguous one).
 """
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -24,7 +33,7 @@ from radixkv.engine.executor import BatchPlan
 from radixkv.model.executor import TorchExecutor
 from radixkv.sched.batch import Segment
 from radixkv.sched.request import Request
-from radixkv.sim.profile import Profile, Sample, fit
+from radixkv.sim.profile import Profile, Sample, fit_spill
 from radixkv.sim.specs import ModelSpec
 from radixkv.validate import positive_int
 
@@ -33,14 +42,17 @@ Point = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]     # (prefill segme
 
 @dataclass(frozen=True)
 class Grid:
-    """The calibration grid. CPU: small enough for tiny-llama in ~15 s on one thread."""
-    new: tuple[int, ...] = (8, 32, 128, 384, 1024)
-    prefix: tuple[int, ...] = (0, 512, 1536)
+    """The calibration grid. CPU: tiny-llama in ~60-90 s on one thread."""
+    new: tuple[int, ...] = (8, 32, 128, 384, 1024, 2048, 4096)
+    prefix: tuple[int, ...] = (0, 512, 1536, 4096)
     prefill_batch: tuple[int, ...] = (1, 3)
-    decode_batch: tuple[int, ...] = (1, 4, 12, 32)
-    context: tuple[int, ...] = (64, 768, 2048)
-    max_step_tokens: int = 4096          # new tokens of one prefill step at most
+    decode_batch: tuple[int, ...] = (1, 4, 12, 32, 64)
+    context: tuple[int, ...] = (64, 768, 2048, 4096, 6144)
+    max_step_tokens: int = 8192          # new tokens of one prefill step at most
+    max_decode_context: int = 200_000    # context tokens of one decode step at most
     repeats: int = 3
+    repeat_budget_s: float = 0.5         # no further timed runs once these add up to this
+    flush_bytes: int = 64 << 20          # written before each timed run (0: none), see time_point
     seed: int = 0
 
     def __post_init__(self):
@@ -51,14 +63,22 @@ class Grid:
             for v in vals:
                 positive_int(v, f"calibration grid: {name}") if name != "prefix" else None
         positive_int(self.max_step_tokens, "calibration grid: max_step_tokens")
+        positive_int(self.max_decode_context, "calibration grid: max_decode_context")
+        if not (isinstance(self.repeat_budget_s, (int, float)) and self.repeat_budget_s > 0):
+            raise ValueError(f"calibration grid: repeat_budget_s must be > 0, got "
+                             f"{self.repeat_budget_s!r}")
         positive_int(self.repeats, "calibration grid: repeats")
+        if not (isinstance(self.flush_bytes, int) and self.flush_bytes >= 0):
+            raise ValueError(f"calibration grid: flush_bytes must be an int >= 0, got "
+                             f"{self.flush_bytes!r}")
 
     @classmethod
     def for_device(cls, device: torch.device) -> "Grid":
         if device.type == "cuda":
             return cls(new=(16, 128, 512, 2048, 8192), prefix=(0, 1024, 4096),
                        prefill_batch=(1, 4), decode_batch=(1, 8, 32, 128, 256),
-                       context=(256, 1024, 4096), max_step_tokens=16384, repeats=5)
+                       context=(256, 1024, 4096), max_step_tokens=16384,
+                       max_decode_context=1 << 20, repeats=5, flush_bytes=0)
         return cls()
 
     def points(self) -> list[Point]:
@@ -69,16 +89,19 @@ class Grid:
                 for b in self.prefill_batch:
                     if n * b <= self.max_step_tokens:
                         out.append((((p, n),) * b, ()))
+        longs = [n for n in self.new if n <= self.max_step_tokens // 4] or [min(self.new)]
         for _ in range(len(out) // 3):            # mixed prefill batches: one long, some short
-            long_n = int(rng.choice(self.new))
+            long_n = int(rng.choice(longs))
             short = [(int(rng.choice(self.prefix)), int(rng.integers(1, 64)))
                      for _ in range(int(rng.integers(1, 6)))]
             out.append((((int(rng.choice(self.prefix)), long_n), *short), ()))
         for b in self.decode_batch:
-            for c in self.context:
+            fits = [c for c in self.context if b * c <= self.max_decode_context]
+            for c in fits:
                 out.append(((), (c,) * b))
-            ctxs = rng.integers(min(self.context), max(self.context) + 1, b)
-            out.append(((), tuple(int(c) for c in ctxs)))
+            if fits:
+                ctxs = rng.integers(min(self.context), max(fits) + 1, b)
+                out.append(((), tuple(int(c) for c in ctxs)))
         return out
 
     def as_dict(self) -> dict:
@@ -103,12 +126,22 @@ def plan_of(point: Point, num_slots: int, vocab: int, rng: np.random.Generator) 
     return plan
 
 
-def time_point(ex: TorchExecutor, point: Point, repeats: int, rng: np.random.Generator) -> float:
-    """Fastest of `repeats` TorchExecutor.run calls on this step (after one untimed run): on
-    a shared machine other work only ever adds time, so the minimum is the stable figure."""
+def time_point(ex: TorchExecutor, point: Point, repeats: int, rng: np.random.Generator,
+               budget_s: float = math.inf, flush: torch.Tensor | None = None) -> float:
+    """Fastest of up to `repeats` TorchExecutor.run calls on this step (after one untimed
+    run), none started once the timed ones add up to `budget_s`: on a shared machine other
+    work only ever adds time, so the minimum is the stable figure. `flush`, when given, is
+    written before each timed run: in a real run the scheduler's work and the other
+    requests' KV have evicted the CPU caches between steps, so a step starts with its weights
+    and KV in DRAM, not in the cache where back-to-back runs of one plan would find them."""
     plan = plan_of(point, ex.kv.num_slots, ex.args.vocab_size, rng)
     ex.run(plan)
-    return float(min(ex.run(plan).duration for _ in range(repeats)))
+    runs: list[float] = []
+    while not runs or (len(runs) < repeats and sum(runs) < budget_s):
+        if flush is not None:
+            flush.add_(1)
+        runs.append(ex.run(plan).duration)
+    return float(min(runs))
 
 
 def machine_info(device: torch.device) -> dict:
@@ -128,19 +161,22 @@ def calibrate(ex: TorchExecutor, grid: Grid,
         raise ValueError(f"calibration needs a KV pool of {need:,} slots, the executor has "
                          f"{ex.kv.num_slots:,}")
     rng = np.random.default_rng(grid.seed)
+    flush = (torch.zeros(grid.flush_bytes // 4, dtype=torch.int32, device=ex.device)
+             if grid.flush_bytes else None)
     time_point(ex, points[-1], 1, rng)                      # warm-up: allocator, kernels
     samples = []
     for i, pt in enumerate(points):
-        samples.append(Sample(pt[0], pt[1], time_point(ex, pt, grid.repeats, rng)))
+        samples.append(Sample(pt[0], pt[1], time_point(ex, pt, grid.repeats, rng,
+                                                       grid.repeat_budget_s, flush)))
         if progress is not None:
             progress(i + 1, len(points))
     spec_dtype = str(ex.dtype).removeprefix("torch.")
     spec = ModelSpec(ex.args, tp=1, dtype_bytes=ex.dtype.itemsize)
-    coef, res = fit(spec, samples)
+    coef, res, spill = fit_spill(spec, samples)
     dev = ex.device
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor()
                                                                         or platform.machine())
     return Profile(model=ex.args, dtype=spec_dtype, dtype_bytes=ex.dtype.itemsize,
                    device=dev.type, device_name=name, backend=ex.attention.name,
                    machine=machine_info(dev), grid=grid.as_dict(), coefficients=coef,
-                   residuals=res, samples=tuple(samples))
+                   residuals=res, samples=tuple(samples), spill_bytes=spill)

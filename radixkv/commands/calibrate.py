@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
     add_torch_flag(p, "--threads", default=", as generate")
     p.add_argument("--repeats", type=int, metavar="N",
                    help="timed runs per grid point, the fastest kept (default: 3 on CPU, 5 on "
-                        "CUDA)")
+                        "CUDA; fewer once they add up to 0.5 s)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and grid (default: 0)")
     p.add_argument("--out", type=Path, required=True, metavar="PROFILE.json",
                    help="the profile to write")
@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
               highlight=False)
     for k, v in prof.coefficients.items():
         con.print(f"  {k:18s} {v:.4g}", highlight=False)
+    spill = "none" if prof.spill_bytes is None else f"{prof.spill_bytes / 2**20:.1f} MiB"
+    con.print(f"  {'spill threshold':18s} {spill} (one layer's padded KV grid)", highlight=False)
     prof.save(args.out)
     con.print(f"wrote {args.out}")
     return 0

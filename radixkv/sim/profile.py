@@ -11,13 +11,19 @@ as much as a 300 ms prefill; gross outliers set aside and counted), the step tim
           + c_pad    * A*B*Q*C           attention FLOPs of the padded [B, Q, C] grid
           + c_read   * K*(sum p + sum c) cached KV read, exact
           + c_gather * K*B*C             KV gathered into the padded grid
+          + c_spill  * K*B*C * [K*B*C/L > S]  the same bytes again once one layer's padded
+                                         grid outgrows the cache: it streams from DRAM
 
-with P, A, K as in radixkv.sim.costmodel (K per GPU, at the profile's dtype), Q = the longest
-new run of any segment and C = the longest context (prefix + new) of any segment: the layout
-of a padded-gather backend. A paged backend has no padding and its fit puts ~0 on c_pad and
-c_gather; coefficients are kept >= 0, so every term can only add time. KV writes (K*T) are
-proportional to T for one model, so c_linear absorbs them. No torch here: the timing harness
-lives in radixkv.calibration.
+with P, A, K as in radixkv.sim.costmodel (K per GPU, at the profile's dtype), L layers, Q =
+the longest new run of any segment and C = the longest context (prefix + new) of any segment:
+the layout of a padded-gather backend. A paged backend has no padding and its fit puts ~0 on
+c_pad, c_gather and c_spill; coefficients are kept >= 0, so every term can only add time. KV
+writes (K*T) are proportional to T for one model, so c_linear absorbs them.
+
+S, the spill threshold, is fitted too (fit_spill): the per-layer padded-KV size, between two
+measured steps, at which the fit is best; about the last-level cache on a CPU (on a 32 MiB-L3
+EPYC a decode of 12 x 2k contexts runs at 1.6 ns per padded token, 12 x 4k at 3.1 ns). None:
+no step spills (S = infinity). No torch here: the timing harness lives in radixkv.calibration.
 """
 from __future__ import annotations
 
@@ -33,14 +39,21 @@ from radixkv.shapes import ModelArgs
 from radixkv.sim.specs import ModelSpec
 
 FEATURES = ("step", "segment", "linear_flops", "attn_flops", "padded_attn_flops",
-            "kv_read_bytes", "padded_kv_bytes")
-FORMAT = "radixkv-profile/1"
+            "kv_read_bytes", "padded_kv_bytes", "spilled_kv_bytes")
+FORMAT = "radixkv-profile/2"
+OLD_FORMATS = ("radixkv-profile/1",)
 OUTLIER_FLOOR = 0.25
 
 
+def spills(spec: ModelSpec, padded_kv_bytes: float, spill_bytes: float | None) -> bool:
+    """Whether one layer's share of a step's padded KV grid is over the spill threshold."""
+    return spill_bytes is not None and padded_kv_bytes / spec.model.n_layers > spill_bytes
+
+
 def step_features(spec: ModelSpec, segments: Sequence[tuple[int, int]],
-                  contexts: Sequence[int]) -> tuple[float, ...]:
-    """The FEATURES of one step: prefill segments (prefix_len, new_len), decode contexts."""
+                  contexts: Sequence[int], spill_bytes: float | None = None) -> tuple[float, ...]:
+    """The FEATURES of one step: prefill segments (prefix_len, new_len), decode contexts;
+    `spill_bytes` the fitted threshold S (None: never)."""
     segs = list(segments) + [(c, 1) for c in contexts]
     if not segs:
         return (0.0,) * len(FEATURES)
@@ -49,8 +62,10 @@ def step_features(spec: ModelSpec, segments: Sequence[tuple[int, int]],
     pairs = sum(n * p + n * (n + 1) // 2 for p, n in segs)
     Q, C = max(n for _, n in segs), max(p + n for p, n in segs)
     A, K = spec.attn_flops_per_ctx_token, spec.kv_bytes_per_token_per_gpu
+    padded = float(K * B * C)
     return (1.0, float(B), float(spec.flops_per_token * T), float(A * pairs),
-            float(A * B * Q * C), float(K * sum(p for p, _ in segs)), float(K * B * C))
+            float(A * B * Q * C), float(K * sum(p for p, _ in segs)), padded,
+            padded if spills(spec, padded, spill_bytes) else 0.0)
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
@@ -99,11 +114,13 @@ class Residuals:
     outliers: int = 0         # samples set aside (|error| > 4x the median, and > 25 %)
 
 
-def fit(spec: ModelSpec, samples: Sequence[Sample]) -> tuple[dict[str, float], Residuals]:
-    """Coefficients of FEATURES (seconds per unit, >= 0) and the fit's residuals."""
+def fit(spec: ModelSpec, samples: Sequence[Sample],
+        spill_bytes: float | None = None) -> tuple[dict[str, float], Residuals]:
+    """Coefficients of FEATURES (seconds per unit, >= 0) and the fit's residuals, at spill
+    threshold `spill_bytes` (None: no step spills, c_spill is 0)."""
     if len(samples) < len(FEATURES):
         raise ValueError(f"a fit needs at least {len(FEATURES)} samples, got {len(samples)}")
-    x = np.array([step_features(spec, s.segments, s.contexts) for s in samples])
+    x = np.array([step_features(spec, s.segments, s.contexts, spill_bytes) for s in samples])
     t = np.array([s.seconds for s in samples])
     keep = np.ones(len(t), dtype=bool)
     for _ in range(2):               # fit, set aside gross outliers (> 4x the median), refit
@@ -116,6 +133,28 @@ def fit(spec: ModelSpec, samples: Sequence[Sample]) -> tuple[dict[str, float], R
     return (dict(zip(FEATURES, map(float, coef))),
             Residuals(float(np.sqrt(np.mean(kept ** 2))), float(kept.max()),
                       float(np.median(kept)), int(keep.sum()), int((~keep).sum())))
+
+
+def fit_spill(spec: ModelSpec, samples: Sequence[Sample]
+              ) -> tuple[dict[str, float], Residuals, float | None]:
+    """fit() at the spill threshold that fits best: none, or the geometric mean of two
+    consecutive per-layer padded-KV sizes of the samples (at least 2 samples above it). The
+    best is the lowest rms over all samples, outliers counted, so a threshold cannot win by
+    setting samples aside."""
+    sizes = sorted({step_features(spec, s.segments, s.contexts)[6] / spec.model.n_layers
+                    for s in samples})
+    cands: list[float | None] = [None] + [math.sqrt(a * b) for a, b in zip(sizes, sizes[1:])
+                                          if sum(w > a for w in sizes) >= 2]
+    t = np.array([s.seconds for s in samples])
+    best = None
+    for cand in cands:
+        coef, res = fit(spec, samples, cand)
+        c = np.array([coef[f] for f in FEATURES])
+        x = np.array([step_features(spec, s.segments, s.contexts, cand) for s in samples])
+        err = float(np.sqrt(np.mean((x @ c / t - 1) ** 2)))
+        if best is None or err < best[0] - 1e-12:
+            best = (err, coef, res, cand)
+    return best[1], best[2], best[3]
 
 
 @dataclass(frozen=True)
@@ -132,6 +171,7 @@ class Profile:
     coefficients: dict[str, float]
     residuals: Residuals
     samples: tuple[Sample, ...] = field(default=(), repr=False)
+    spill_bytes: float | None = None    # the fitted threshold S; None: no step spills
 
     def __post_init__(self):
         if set(self.coefficients) != set(FEATURES):
@@ -140,6 +180,9 @@ class Profile:
         for k, v in self.coefficients.items():
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"profile coefficient {k} must be a finite number >= 0, got {v!r}")
+        s = self.spill_bytes
+        if s is not None and not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
+            raise ValueError(f"profile spill_bytes must be a finite number > 0 or null, got {s!r}")
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -153,13 +196,18 @@ class Profile:
                 "dtype_bytes": self.dtype_bytes, "device": self.device,
                 "device_name": self.device_name, "backend": self.backend,
                 "machine": self.machine, "grid": self.grid, "form": "t = sum(coef * feature)",
-                "coefficients": self.coefficients, "residuals": asdict(self.residuals),
+                "coefficients": self.coefficients, "spill_bytes": self.spill_bytes,
+                "residuals": asdict(self.residuals),
                 "samples": [{"segments": [list(s) for s in x.segments],
                              "contexts": list(x.contexts), "seconds": x.seconds}
                             for x in self.samples]}
 
     @classmethod
     def from_json(cls, doc: dict, where: str = "profile") -> "Profile":
+        if isinstance(doc, dict) and doc.get("format") in OLD_FORMATS:
+            raise ValueError(f"{where}: format {doc['format']!r} is an older profile without "
+                             f"the spilled_kv_bytes term; re-run `radixkv calibrate` "
+                             f"(want {FORMAT!r})")
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise ValueError(f"{where}: not a radixkv profile (format {got!r}, want {FORMAT!r})")
@@ -171,7 +219,7 @@ class Profile:
                        dtype_bytes=int(doc["dtype_bytes"]), device=str(doc["device"]),
                        device_name=str(doc["device_name"]), backend=str(doc["backend"]),
                        machine=dict(doc["machine"]), grid=dict(doc["grid"]),
-                       coefficients=dict(doc["coefficients"]),
+                       coefficients=dict(doc["coefficients"]), spill_bytes=doc["spill_bytes"],
                        residuals=Residuals(**doc["residuals"]),
                        samples=tuple(Sample(tuple((int(p), int(n)) for p, n in s["segments"]),
                                             tuple(int(c) for c in s["contexts"]),
@@ -228,7 +276,8 @@ class ProfiledCostModel:
     def step_time(self, prefill_segments: Sequence[tuple[int, int]] = (),
                   decode_context_lens: Sequence[int] = ()) -> float:
         """Seconds of one engine step; 0.0 for an empty step."""
-        f = step_features(self.model_spec, prefill_segments, decode_context_lens)
+        f = step_features(self.model_spec, prefill_segments, decode_context_lens,
+                          self.profile.spill_bytes)
         return sum(c * x for c, x in zip(self._coef, f))
 
     def decode_step_time(self, batch: int, ctx_sum: int, ctx_max: int) -> float:
@@ -236,8 +285,10 @@ class ProfiledCostModel:
         decode is the segment (c, 1)."""
         spec = self.model_spec
         a, k = spec.attn_flops_per_ctx_token, spec.kv_bytes_per_token_per_gpu
+        padded = float(k * batch * (ctx_max + 1))
         f = (1.0, float(batch), float(spec.flops_per_token * batch), float(a * (ctx_sum + batch)),
-             float(a * batch * (ctx_max + 1)), float(k * ctx_sum), float(k * batch * (ctx_max + 1)))
+             float(a * batch * (ctx_max + 1)), float(k * ctx_sum), padded,
+             padded if spills(spec, padded, self.profile.spill_bytes) else 0.0)
         return sum(c * x for c, x in zip(self._coef, f))
 
     def prefill_time(self, segments: Sequence[tuple[int, int]]) -> float:

@@ -10,12 +10,43 @@ from radixkv.cli import main
 pytest.importorskip("torch")
 
 
+# A few seconds' grid for the commands' plumbing; the CPU grid itself is checked point by point
+# below, its timing is `radixkv calibrate`'s own (60-90 s).
+SMALL = dict(new=(8, 128, 1024), prefix=(0, 512), prefill_batch=(1, 3), decode_batch=(1, 12),
+             context=(64, 2048), max_step_tokens=4096)
+
+
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
+    from radixkv.calibration.measure import Grid
     path = tmp_path_factory.mktemp("cal") / "p.json"
-    assert main(["calibrate", "--model", "tiny-llama", "--device", "cpu", "--repeats", "1",
-                 "--out", str(path)]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Grid, "for_device", classmethod(lambda cls, device: cls(**SMALL)))
+        assert main(["calibrate", "--model", "tiny-llama", "--device", "cpu", "--repeats", "1",
+                     "--out", str(path)]) == 0
     return path
+
+
+def test_cpu_grid_reaches_the_shapes_cpu_workloads_do():
+    """Prefills up to the default 8192-token chunk after prefixes up to 4096, decode batches
+    up to 64 at contexts up to 6144 (past the cache-spill size), each step within its caps."""
+    import torch
+
+    from radixkv.calibration.measure import Grid, pool_slots
+    g = Grid.for_device(torch.device("cpu"))
+    pts = g.points()
+    prefills = [segs for segs, ctxs in pts if segs]
+    decodes = [ctxs for segs, ctxs in pts if ctxs]
+    assert all(not (segs and ctxs) for segs, ctxs in pts)
+    assert ((4096, 4096),) in prefills and ((4096, 2048),) * 3 in prefills
+    assert ((0, 8),) * 3 in prefills and max(sum(n for _, n in s) for s in prefills) == 6144
+    assert all(sum(n for _, n in s) <= g.max_step_tokens == 8192 for s in prefills)
+    mixed = [s for s in prefills if len({n for _, n in s}) > 1]
+    assert len(mixed) == (len(prefills) - len(mixed)) // 3 and all(s[0][1] <= 2048 for s in mixed)
+    assert (6144,) * 32 in decodes and (2048,) * 64 in decodes and (4096,) * 64 not in decodes
+    assert max(map(len, decodes)) == 64 and all(sum(c) <= 200_000 for c in decodes)
+    assert len(pts) == len(Grid().points()) and pool_slots(pts) == 32 * 6145
+    assert g.as_dict()["repeat_budget_s"] == 0.5
 
 
 def test_calibrate_writes_a_profile(profile):
@@ -23,6 +54,8 @@ def test_calibrate_writes_a_profile(profile):
     assert doc["model"]["name"] == "tiny-llama" and doc["device"] == "cpu"
     assert doc["dtype"] == "float32" and doc["backend"] == "sdpa"
     assert doc["machine"]["threads"] == 1 and doc["grid"]["repeats"] == 1
+    assert doc["format"] == "radixkv-profile/2" and "spilled_kv_bytes" in doc["coefficients"]
+    assert doc["spill_bytes"] is None or doc["spill_bytes"] > 0
     assert doc["residuals"]["samples"] + doc["residuals"]["outliers"] == len(doc["samples"])
     assert min(doc["coefficients"].values()) >= 0 and doc["coefficients"]["step"] > 0
 

@@ -1,4 +1,5 @@
-"""Profile features, the non-negative fit, the file round trip and bad profile files."""
+"""Profile features, the non-negative fit, the spill threshold, the file round trip and bad
+profile files."""
 from __future__ import annotations
 
 import json
@@ -8,15 +9,18 @@ import pytest
 
 from radixkv.shapes import get_model_config
 from radixkv.sim.costmodel import CostModel
-from radixkv.sim.profile import FEATURES, Sample, fit, load_profile, nnls, step_features
+from radixkv.sim.profile import (FEATURES, Profile, Sample, fit, fit_spill, load_profile, nnls,
+                                 step_features)
 from radixkv.sim.specs import ModelSpec
 
 SPEC = ModelSpec(get_model_config("tiny-llama"), dtype_bytes=4)
-TRUE = dict(zip(FEATURES, (5e-4, 2e-5, 1e-11, 4e-13, 1e-11, 0.0, 2e-10)))
+TRUE = dict(zip(FEATURES, (5e-4, 2e-5, 1e-11, 4e-13, 1e-11, 0.0, 2e-10, 0.0)))
+SPILL = dict(TRUE, spilled_kv_bytes=3e-10)
+S = 8 << 20           # spill threshold of SPILL: 8 MiB of one layer's padded KV
 
 
-def synthetic(points):
-    return [Sample(s, c, sum(TRUE[f] * x for f, x in zip(FEATURES, step_features(SPEC, s, c))))
+def synthetic(points, true=TRUE, spill=None):
+    return [Sample(s, c, sum(true[f] * x for f, x in zip(FEATURES, step_features(SPEC, s, c, spill))))
             for s, c in points]
 
 
@@ -31,8 +35,17 @@ def test_features_by_hand():
     P, A, K = SPEC.flops_per_token // 2, 2048, 2048
     assert SPEC.attn_flops_per_ctx_token == A and SPEC.kv_bytes_per_token_per_gpu == K
     assert step_features(SPEC, [(3, 2)], [5]) == (1.0, 2.0, 2.0 * P * 3, A * 15.0,
-                                                  A * 2 * 2 * 6.0, K * 8.0, K * 2 * 6.0)
+                                                  A * 2 * 2 * 6.0, K * 8.0, K * 2 * 6.0, 0.0)
     assert step_features(SPEC, [], []) == (0.0,) * len(FEATURES)
+
+
+def test_spilled_bytes_count_once_one_layers_grid_is_over_the_threshold():
+    # one layer's padded grid: K * B * C / 2 layers = 1024 * B * C bytes
+    P, K = SPEC.flops_per_token // 2, 2048
+    assert step_features(SPEC, (), (4095,) * 4, 1024 * 4 * 4096 - 1)[6:] == (K * 4 * 4096.0,) * 2
+    assert step_features(SPEC, (), (4095,) * 4, 1024 * 4 * 4096)[7] == 0.0
+    assert step_features(SPEC, (), (4095,) * 4, None)[7] == 0.0
+    assert step_features(SPEC, [(100, 28)], (), 1.0)[7] == K * 128.0
 
 
 def test_nnls_matches_a_known_solution():
@@ -46,6 +59,38 @@ def test_fit_recovers_noise_free_times():
     for s in synthetic(POINTS):
         pred = sum(coef[f] * x for f, x in zip(FEATURES, step_features(SPEC, s.segments, s.contexts)))
         assert pred == pytest.approx(s.seconds, rel=1e-6)
+
+
+SPILL_POINTS = POINTS + [((), (c,) * b) for b in (4, 12, 32) for c in (2048, 4096, 6144)]
+
+
+def test_fit_spill_finds_the_threshold_between_two_measured_sizes():
+    samples = synthetic(SPILL_POINTS, SPILL, S)
+    coef, res, spill = fit_spill(SPEC, samples)
+    below = max(w for w in (s / 2 for s in (step_features(SPEC, x.segments, x.contexts)[6]
+                                             for x in samples)) if w <= S)
+    above = min(w for w in (s / 2 for s in (step_features(SPEC, x.segments, x.contexts)[6]
+                                             for x in samples)) if w > S)
+    assert spill == pytest.approx((below * above) ** 0.5) and below < spill < above
+    assert res.max_abs < 1e-6 and coef["spilled_kv_bytes"] == pytest.approx(3e-10, rel=1e-6)
+    # without a spill in the data the threshold is none (or spill costs nothing)
+    coef, res, spill = fit_spill(SPEC, synthetic(SPILL_POINTS))
+    assert res.max_abs < 1e-6 and (spill is None or coef["spilled_kv_bytes"] < 1e-20)
+
+
+def test_spill_threshold_round_trips_and_prices_decodes(tmp_path):
+    samples = synthetic(SPILL_POINTS, SPILL, S)
+    coef, res, spill = fit_spill(SPEC, samples)
+    prof = Profile(model=SPEC.model, dtype="float32", dtype_bytes=4, device="cpu",
+                   device_name="test", backend="sdpa", machine={}, grid={}, coefficients=coef,
+                   residuals=res, samples=tuple(samples), spill_bytes=spill)
+    prof.save(tmp_path / "p.json")
+    back = load_profile(tmp_path / "p.json")
+    assert back == prof and back.spill_bytes == spill
+    cost = back.cost_model()
+    for ctxs in ((4000,) * 12, (6000, 10, 700), (50,)):
+        assert cost.decode_step_time(len(ctxs), sum(ctxs), max(ctxs)) == cost.step_time((), ctxs)
+        assert cost.step_time((), ctxs) == pytest.approx(synthetic([((), ctxs)], SPILL, S)[0].seconds)
 
 
 def test_round_trip_and_cost_model(tmp_path, profile_factory):
@@ -71,6 +116,9 @@ def test_bad_profiles_name_the_value(tmp_path, profile_factory):
     bad.write_text(json.dumps({"format": "other"}))
     with pytest.raises(ValueError, match="'other'"):
         load_profile(bad)
+    bad.write_text(json.dumps({"format": "radixkv-profile/1"}))
+    with pytest.raises(ValueError, match="older profile.*re-run `radixkv calibrate`"):
+        load_profile(bad)
     good = tmp_path / "good.json"
     profile_factory(synthetic(POINTS)).save(good)
     with pytest.raises(ValueError, match="'tiny-llama', not 'llama-3-8b'"):
@@ -83,6 +131,10 @@ def test_bad_profiles_name_the_value(tmp_path, profile_factory):
     doc["coefficients"]["step"] = -1.0
     bad.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="coefficient step .* -1.0"):
+        load_profile(bad)
+    doc["coefficients"]["step"], doc["spill_bytes"] = 1.0, -5
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="spill_bytes .* -5"):
         load_profile(bad)
     del doc["residuals"]
     bad.write_text(json.dumps(doc))
