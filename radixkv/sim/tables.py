@@ -20,6 +20,7 @@ build a table; a built table is plain JSON.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from pathlib import Path
 from radixkv import env
 from radixkv.sim.specs import ModelSpec
 
+log = logging.getLogger(__name__)
 FORMAT = 1
 AIC_VERSION = "0.12.0"
 
@@ -150,10 +152,15 @@ def load_table(aic_model: str, system: str, backend: str, version: str, tp: int)
     except (OSError, ValueError, KeyError, TypeError):
         pass                                      # absent, partial or older: rebuild
     table = build_table(aic_model, system, backend, version, tp)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table.to_json()))
-    os.replace(tmp, path)                         # concurrent builders: last one wins, whole
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(table.to_json()))
+        os.replace(tmp, path)                     # concurrent builders: last one wins, whole
+    except OSError as e:                          # a read-only or full disk: run uncached
+        log.warning("timing table not cached at %s (%s); it is rebuilt on every run", path, e)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
     return table
 
 

@@ -146,3 +146,14 @@ def test_disk_cache_is_read_and_rebuilt_when_damaged(tmp_path, monkeypatch, cost
     path.write_text(doc.__repr__()[:100])         # damaged: rebuilt whole
     assert load_table(MODEL, "h100_sxm", "vllm", "0.24.0", 1) == cost.table
     assert json.loads(path.read_text())["shared_ms"][0] == cost.table.shared_ms[0]
+
+
+def test_an_unwritable_cache_still_prices_the_run(tmp_path, monkeypatch, cost, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("RADIXKV_CACHE_DIR", str(blocker))      # timing/ cannot be made under it
+    with caplog.at_level(logging.WARNING, logger="radixkv.sim.tables"):
+        table = load_table(MODEL, "h100_sxm", "vllm", "0.24.0", 1)
+    assert table == cost.table
+    assert "timing table not cached at" in caplog.text
+    assert blocker.read_text() == "not a folder"
