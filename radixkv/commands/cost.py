@@ -76,12 +76,11 @@ def cost_from_args(args: argparse.Namespace) -> CostChoice:
 
 
 def engine_from_args(args: argparse.Namespace, choice: CostChoice,
-                     tokens: int | None) -> EngineDefaults | None:
+                     tokens: int) -> EngineDefaults | None:
     """The --engine preset for the chosen GPU and a pool of `tokens` (None: no --engine)."""
     if args.engine is None:
         return None
-    return engine_defaults(args.engine, choice.gpu_bytes, choice.gpu,
-                           choice.default_tokens(0) if tokens is None else tokens)
+    return engine_defaults(args.engine, choice.gpu_bytes, choice.gpu, tokens)
 
 
 def run_configs(args: argparse.Namespace, choice: CostChoice, default_tokens: int) -> RunConfig:

@@ -16,6 +16,7 @@ sessions still pending belong to other clients.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Sequence
 
 from radixkv.sched.request import Request
@@ -23,7 +24,7 @@ from radixkv.validate import positive_int
 from radixkv.workloads.sessions import SessionArrivals, SessionChain, SessionQueue
 
 
-class _Feed:
+class _Feed(ABC):
     """Requests in trace order (`sessions[i]`: request i's session or None) fed to an Engine:
     `start(engine)` checks every request fits its pool (so a run cannot stop halfway on one
     that never could) and sends the first ones; `finished`, the engine's on_finish hook, sends
@@ -42,11 +43,13 @@ class _Feed:
         self._engine = engine
         self._first(engine.now)
 
+    @abstractmethod
     def _first(self, now: float) -> None:
-        raise NotImplementedError
+        """Send the requests that may go at the start (at `now`)."""
 
+    @abstractmethod
     def finished(self, req: Request) -> None:
-        raise NotImplementedError
+        """The engine's on_finish hook: send what `req`'s finish allows."""
 
 
 class ClosedLoop(_Feed):

@@ -161,14 +161,6 @@ class MeasuredCostModel:
         """Seconds of n tokens' prefill after depth cached ones (the `cost` eviction order)."""
         return self.prefill_time([(depth, n)])
 
-    def prefill_tokens_per_s(self, prompt_len: int = 4096, cached_len: int = 0) -> float:
-        return prompt_len / self.step_time([(cached_len, prompt_len)], ())
-
-    def decode_tokens_per_s(self, batch_size: int, context_len: int) -> float:
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        return batch_size / self.step_time((), [context_len] * batch_size)
-
 
 DEFAULT_TIMING = "vllm"
 

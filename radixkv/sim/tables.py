@@ -75,10 +75,10 @@ class Timing:
     @classmethod
     def parse(cls, text: str) -> "Timing":
         """`roofline`, `vllm`, `sglang`, `trtllm`, each optionally `:VERSION`."""
-        backend, _, version = str(text).partition(":")
-        if backend == "roofline" and not version:
+        backend, sep, version = str(text).partition(":")
+        if backend == "roofline" and not sep:
             return cls("roofline")
-        if backend not in BACKENDS or (_ and not version):
+        if backend not in BACKENDS or (sep and not version):
             raise ValueError(f"--timing {text!r}: expected roofline, or one of "
                              f"{', '.join(BACKENDS)} with an optional :VERSION")
         return cls(backend, version or None)
