@@ -26,3 +26,19 @@ def cache_dir():
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME")
     return (Path(base) if base else Path.home() / ".cache") / "radixkv"
+
+
+def fault_after_steps() -> int | None:
+    """Fault injection for tests and drills: RADIXKV_FAULT_AFTER_STEPS=N makes a server's engine
+    thread raise an injected RuntimeError in place of its step N+1 (after N steps; 0: the
+    first), as a bug in a step would. Unset (or empty): no fault. Never set it in production."""
+    raw = _get("FAULT_AFTER_STEPS")
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"RADIXKV_FAULT_AFTER_STEPS={raw!r} is not a whole number of steps >= 0")
+    return n

@@ -3,6 +3,7 @@ vLLM or SGLang workers), with any router of `radixkv cluster` (radixkv.gateway).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,6 @@ def run(args: argparse.Namespace) -> int:
     app = build(args)
     sock = bind(args.host, args.port)
     print(f"radixkv route: listening on {url_of(sock)}", flush=True)
-    serve_forever(app, sock, args.log_level)
-    print("radixkv route: stopped", flush=True)
+    serve_forever(app, sock, args.log_level, drain=app.state.gateway.drain)
+    print("radixkv route: stopped", file=sys.stderr, flush=True)
     return 0

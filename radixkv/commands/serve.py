@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
+import traceback
 from typing import Any
 
 from radixkv.commands.flags import (CACHE_FLAGS, ENGINE_FLAGS, SCHED_FLAGS, add_config_flags,
@@ -72,6 +74,17 @@ def register(subparsers: Any) -> None:
                         "requests need a key; each tenant's prefixes live in its own namespace")
     g.add_argument("--allow-client-cache-salt", action="store_true",
                    help="honour a request's cache_salt (inside its tenant's namespace)")
+    g.add_argument("--client-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a client has to send a request's headers, then its body "
+                        "(else 408), and to take each piece of a response; a client that stops "
+                        "reading is dropped and its request aborted (default: 30)")
+    g.add_argument("--max-request-bytes", type=int, default=64 << 20, metavar="N",
+                   help="the largest request body; a larger one is answered 413 before it is "
+                        "parsed (default: 67108864, 64 MiB)")
+    g.add_argument("--exit-on-engine-failure", action="store_true",
+                   help="when the engine fails, answer the requests in flight with an error, "
+                        "then exit with status 1 (for an orchestrator to restart it); without "
+                        "it the server keeps answering 503 until stopped")
     g = p.add_argument_group("replicas (Ray Serve)")
     g.add_argument("--replicas", type=int, metavar="N",
                    help="serve N replicas of the engine on a local Ray cluster (Ray Serve), "
@@ -121,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
                         allow_client_cache_salt=args.allow_client_cache_salt,
                         device=args.device, dtype=args.dtype, threads=args.threads,
                         tokenizer=args.tokenizer, seed=args.seed or 0, tp=args.tp,
-                        profile=args.profile)
+                        profile=args.profile, client_timeout=args.client_timeout,
+                        max_request_bytes=args.max_request_bytes)
     cost = None
     if args.executor == "sim":
         from radixkv.server.build import sim_cost
@@ -138,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--router {args.router} routes between replicas: give --replicas N "
                          f"with N > 1")
     if (args.replicas or 1) > 1:
+        if args.exit_on_engine_failure:
+            raise ValueError("--exit-on-engine-failure stops one server; with --replicas each "
+                             "replica's failure is answered with 503 by that replica")
         return run_replicas(args, opts, cfg)
     sock = bind(args.host, args.port)            # before the model loads: a busy port fails fast
     try:
@@ -148,18 +165,41 @@ def run(args: argparse.Namespace) -> int:
             print(f"radixkv serve: listening on {url} ({state.info['executor']}, "
                   f"{state.info['cache']}, KV {cfg.kv_capacity:,} tokens)", flush=True)
         state.on_ready = ready
-        serve_forever(build_app(state), sock, args.log_level)
+        failed = _on_engine_failure(state, args)
+        serve_forever(build_app(state), sock, args.log_level,
+                      drain=lambda: state.worker.close("the server is shutting down"),
+                      exit_when=failed if args.exit_on_engine_failure else None,
+                      client_timeout=opts.client_timeout)
     finally:
         sock.close()
+    if args.exit_on_engine_failure and failed.is_set():
+        print(f"radixkv serve: {state.worker.error}; exiting", file=sys.stderr, flush=True)
+        return 1
     print("radixkv serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _on_engine_failure(state, args: argparse.Namespace) -> threading.Event:
+    """An engine failure is reported once: with --exit-on-engine-failure the returned event
+    stops the server (run then says why and returns 1); without it one line says the server
+    answers 503 from now on. --log-level debug adds the traceback."""
+    failed = threading.Event()
+
+    def on_failure(exc: BaseException) -> None:
+        if args.log_level == "debug":
+            traceback.print_exception(exc)
+        if not args.exit_on_engine_failure:
+            print(f"radixkv serve: {state.worker.error}; answering 503 until stopped",
+                  file=sys.stderr, flush=True)
+        failed.set()
+    state.worker.on_failure = on_failure
+    return failed
 
 
 def run_replicas(args: argparse.Namespace, opts, cfg) -> int:
     """--replicas N: a local Ray cluster, N engine replicas behind Ray Serve's proxy, routed
     by --router; until SIGINT / SIGTERM."""
     import signal
-    import threading
 
     from radixkv.rayserve.ingress import HUB, check_options, ray_serve
     from radixkv.rayserve.request_router import router_config
@@ -168,10 +208,16 @@ def run_replicas(args: argparse.Namespace, opts, cfg) -> int:
     check_options(opts, args.replicas)
     config, events = router_config(name, args.replicas, opts, cfg, HUB)
     stop = threading.Event()
+
+    def on_signal(*_) -> None:
+        stop.set()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     with ray_serve(opts, cfg, args.replicas, config, events=events, host=args.host,
-                   port=args.port, flags=flag_table(args, cfg)) as url:
+                   port=args.port, flags=flag_table(args, cfg),
+                   verbose=args.log_level in ("info", "debug")) as url:
+        for sig in (signal.SIGINT, signal.SIGTERM):    # again: ray.init took SIGTERM
+            signal.signal(sig, on_signal)
         print(f"radixkv serve: listening on {url} ({args.replicas} replicas on Ray Serve, "
               f"router {name}, {opts.executor}, KV {cfg.kv_capacity:,} tokens each; "
               f"GET {url}/replicas lists them)", flush=True)

@@ -75,6 +75,12 @@ class Routing:
             return EventFeed(src.endpoint, src.replay, sink)
         return SentFeed(self.page_size, sink, self.sent_ttl, hash_algo=self.hash_algo)
 
+    def feed_counts(self) -> dict:
+        """Each worker fed by KV events: its url -> its feed's FeedCounts."""
+        with self.lock:
+            return {w.url: f.counts() for w, f in zip(self.workers, self.feeds)
+                    if isinstance(f, EventFeed)}
+
     def close(self) -> None:
         self.build([])
 

@@ -3,7 +3,9 @@
 `EventFeed`: the worker's KV events (vLLM's current tagged-map encoding or the older positional
 one), read on a thread of its own from its ZMQ PUB socket, sequence gaps repaired through its
 replay socket when given, each batch handed to `sink(batch)` in order. A worker that restarts
-(its sequence starts again from 0) is followed from there, its old pages forgotten.
+(its sequence starts again from 0) is followed from there, its old pages forgotten, and so is a
+loss no replay repairs (kvevents/index.py: the index resyncs). `counts()` says how many batches
+came, were lost (`missed`), were repaired through replay, and how often it resynced.
 
 `SentFeed`: without events, an approximate index of what the gateway itself sent, as Dynamo's
 `--no-kv-events` keeps: every prompt's whole pages count as stored on the worker it went to,
@@ -15,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from radixkv.kvevents.index import KVIndex
 from radixkv.kvevents.wire import (AllBlocksCleared, BlockRemoved, BlockStored, EventBatch,
@@ -24,14 +27,28 @@ log = logging.getLogger(__name__)
 Sink = Callable[[EventBatch], None]
 
 
+class FeedCounts(NamedTuple):
+    batches: int         # batches handed to the sink (resync clears included)
+    gaps: int            # sequence gaps seen on the live stream
+    missed: int          # batches lost for good (never applied)
+    replayed: int        # batches applied from the replay socket
+    resyncs: int         # losses that made the index forget the worker's pages
+
+
 class _Forwarding(KVIndex):
-    """A KVIndex that hands every batch it applies to `sink` (set after `connect`)."""
+    """A KVIndex that hands every batch it applies to `sink` (set after `connect`), and a
+    resync as an AllBlocksCleared."""
     sink: Sink | None = None
 
     def _step(self, seq: int, batch: EventBatch) -> bool:
         if self.sink is not None:
             self.sink(batch)
         return super()._step(seq, batch)
+
+    def _resync(self) -> None:
+        if self.sink is not None:
+            self.sink(KVEventBatch(time.time(), [AllBlocksCleared()]))
+        super()._resync()
 
 
 class EventFeed:
@@ -41,7 +58,14 @@ class EventFeed:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"kv-events {endpoint}")
         self.batches = 0
+        self._index: KVIndex | None = None
         self._thread.start()
+
+    def counts(self) -> FeedCounts:
+        i = self._index
+        if i is None:
+            return FeedCounts(self.batches, 0, 0, 0, 0)
+        return FeedCounts(self.batches, i.gaps, i.missed, i.replayed, i.resyncs)
 
     def _count(self, batch: EventBatch) -> None:
         self.batches += 1
@@ -50,6 +74,7 @@ class EventFeed:
     def _run(self) -> None:
         index = _Forwarding.connect(self.endpoint, self.replay_endpoint, self.topic)
         index.sink = self._count
+        self._index = index
         try:
             if self.replay_endpoint is not None:
                 index.catch_up(1000)                  # what it published before we came

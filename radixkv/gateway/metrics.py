@@ -1,13 +1,37 @@
 """The gateway's own Prometheus metrics: requests per worker, retries, errors, the routing
 decision's time, healthy workers, the cached tokens it predicted against those the workers
 reported in `usage`, the TTFT it measured on streams, and (with a fitted TTFT) how the
-prediction tracks it and the fit's coefficients."""
+prediction tracks it and the fit's coefficients; per worker fed by KV events, the batches
+lost for good, repaired through replay, the gaps and resyncs (since its feed began: a fleet
+change starts the feeds afresh)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 _TTFT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _DECISION = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
+
+
+_FEED = (("batches", "KV event batches received from the worker"),
+         ("gaps", "Sequence gaps seen in the worker's KV events"),
+         ("missed", "KV event batches lost for good (not repaired through replay)"),
+         ("replayed", "KV event batches repaired through the worker's replay socket"),
+         ("resyncs", "Losses that made the gateway forget the worker's pages"))
+
+
+class _FeedCollector:
+    """The feeds' own counts, read at each scrape."""
+
+    def __init__(self):
+        self.counts: dict = {}                    # worker url -> FeedCounts
+
+    def collect(self):
+        for field, doc in _FEED:
+            fam = CounterMetricFamily(f"radixkv_route_kv_events_{field}", doc, labels=["worker"])
+            for url, c in sorted(self.counts.items()):
+                fam.add_metric([url], getattr(c, field))
+            yield fam
 
 
 class GatewayMetrics:
@@ -37,9 +61,14 @@ class GatewayMetrics:
                               "coefficient of each feature", ["feature"], registry=r)
         self.fit_seen = Gauge("radixkv_route_ttft_fit_observations", "TTFTs the fit has seen",
                               registry=r)
+        self._feeds = _FeedCollector()
+        r.register(self._feeds)
 
-    def render(self, quality=None) -> bytes:
-        """The exposition; `quality` (a ttft_fit.FitQuality) refreshes the fit's gauges."""
+    def render(self, quality=None, feeds: dict | None = None) -> bytes:
+        """The exposition; `quality` (a ttft_fit.FitQuality) refreshes the fit's gauges, `feeds`
+        (worker url -> feeds.FeedCounts) the KV event counters."""
+        if feeds is not None:
+            self._feeds.counts = dict(feeds)
         if quality is not None:
             self.fit_seen.set(quality.observations)
             self.fit_error.labels("0.5").set(quality.median_abs_error)

@@ -6,7 +6,9 @@ client that hangs up closes the upstream request, which the worker then aborts),
 
 Faults: a worker that refuses the connection, times out or answers 5xx before the first byte
 gets the request retried once on the next best worker; a failure after the first byte ends the
-stream with an error event. A worker's 4xx reaches the client unchanged.
+stream with an error event. A worker's 4xx reaches the client unchanged. A request body is
+forwarded as it came. Bad input is a 400 that changes nothing: a body that is not a JSON object,
+prompt token ids no page hash can take, a worker URL that does not answer as a worker.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixkv.gateway.core import EventSource, Routing
 from radixkv.gateway.metrics import GatewayMetrics
@@ -51,6 +54,8 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.client: httpx.AsyncClient | None = None
         self.tasks: list[asyncio.Task] = []
+        self.relays: set[httpx.Response] = set()      # the streams being relayed now
+        self.closing: str | None = None               # why they were cut (drain)
 
     # ---- the fleet ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -70,6 +75,13 @@ class Gateway:
         self._count_healthy()
         self.tasks = [asyncio.create_task(every(self.health_interval, self._health)),
                       asyncio.create_task(every(self.scrape_interval, self._scrape))]
+
+    async def drain(self, reason: str = "the gateway is shutting down") -> None:
+        """End every stream still relayed with an error event naming `reason` (a shutdown
+        that will not wait for them): their upstream responses are closed."""
+        self.closing = reason
+        for resp in list(self.relays):
+            await resp.aclose()
 
     async def stop(self) -> None:
         for t in self.tasks:
@@ -119,8 +131,12 @@ class Gateway:
             change = await check_health(self.client, w, self.failures_to_leave)
             if change is True and w in self.routing.workers:
                 self.routing.forget(self.routing.workers.index(w))
-            elif change is False and w.model is None:      # back, never seen: what it serves
-                await discover(self.client, w)
+                log.warning("worker %s failed %d health checks in a row: out of the rotation, "
+                            "its pages forgotten", w.url, w.failures)
+            elif change is False:
+                log.warning("worker %s answers its health check: back in the rotation", w.url)
+                if w.model is None:                # back, never seen: what it serves
+                    await discover(self.client, w)
         self._count_healthy()
 
     async def _scrape(self) -> None:
@@ -131,32 +147,28 @@ class Gateway:
     # ---- a request ----------------------------------------------------------------------------
     async def generate(self, raw: HTTPRequest, path: str, chat: bool):
         try:
-            body = json.loads(await raw.body())
+            content = await raw.body()     # forwarded as it came: NaN, lone surrogates and all
+            body = json.loads(content)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return _error(400, f"the body is not valid JSON: {e}", "invalid_request_error")
         if not isinstance(body, dict):
             return _error(400, "the body must be a JSON object", "invalid_request_error")
-        ws = self.routing.workers
-        probe = next((w for w in ws if w.healthy), None)
-        if probe is None:
-            self.metrics.errors.labels("no_worker").inc()
-            return _error(503, "no healthy worker")
-        try:
-            tokens = await self.tokens.of(self.client, probe.url, body, chat)
-        except TokenizeError as e:
-            return Response(e.response.content, e.response.status_code,
-                            media_type=e.response.headers.get("content-type"))
-        except httpx.HTTPError as e:
-            self.metrics.errors.labels("tokenize").inc()
-            return _error(502, f"tokenizing on {probe.url} failed: {type(e).__name__}")
+        tokens = await self._tokenize(body, chat)
+        if isinstance(tokens, Response):
+            return tokens
         if not tokens:
             return _error(400, "the prompt is empty", "invalid_request_error")
+        bad = next((t for t in tokens if not 0 <= t < 2**32), None)    # no hash can take it
+        if bad is not None:
+            return _error(400, f"prompt token id {bad} is outside [0, 2**32)",
+                          "invalid_request_error")
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         info = RequestInfo(f"route-{next(_ids)}", tokens, (None, body.get("cache_salt")),
                            body.get("user"), time.monotonic(),
-                           limit if isinstance(limit, int) and limit > 0 else
+                           limit if type(limit) is int and limit > 0 else      # not a bool
                            DEFAULT_MAX_TOKENS[chat])
         headers = {k: v for k, v in raw.headers.items() if k.lower() in PASSED_HEADERS}
+        headers["content-type"] = "application/json"
         tried: set[int] = set()
         while True:
             t0 = time.perf_counter()              # off the event loop: it hashes the prompt
@@ -171,11 +183,12 @@ class Gateway:
                       predicted)
             self.metrics.requests.labels(w.url).inc()
             try:
-                req = self.client.build_request("POST", f"{w.url}{path}", json=body,
+                req = self.client.build_request("POST", f"{w.url}{path}", content=content,
                                                 headers=headers)
                 resp = await self.client.send(req, stream=True)
-            except httpx.HTTPError:
-                resp = None
+                failed = f"HTTP {resp.status_code}"
+            except httpx.HTTPError as e:
+                resp, failed = None, type(e).__name__
             if resp is not None and resp.status_code < 500:
                 break
             if resp is not None:
@@ -183,8 +196,11 @@ class Gateway:
             self.routing.finished(info.rid)
             tried.add(i)
             if len(tried) > 1:
+                log.warning("%s: worker %s failed it too (%s): 502", info.rid, w.url, failed)
                 self.metrics.errors.labels("upstream").inc()
                 return _error(502, f"the workers failed the request (last: {w.url})")
+            log.warning("%s: worker %s failed before the first byte (%s): one retry on the "
+                        "next best worker", info.rid, w.url, failed)
             self.metrics.retries.inc()
         if resp.status_code >= 400 or not body.get("stream"):
             try:
@@ -196,11 +212,34 @@ class Gateway:
                 self._reported(content)
             return Response(content, resp.status_code,
                             media_type=resp.headers.get("content-type"))
-        return StreamingResponse(self._relay(resp, info), resp.status_code,
+        return StreamingResponse(self._relay(resp, info, w.url), resp.status_code,
                                  media_type=resp.headers.get("content-type", "text/event-stream"))
 
-    async def _relay(self, resp: httpx.Response, info: RequestInfo):
+    async def _tokenize(self, body: dict, chat: bool) -> list[int] | Response:
+        """The request's token ids, from the first healthy worker that answers (one that
+        fails — refused, timed out, 5xx — is passed over: it may have died since its last
+        health check); a worker's 4xx, or an error response when none answers."""
+        probes = [w for w in self.routing.workers if w.healthy]
+        if not probes:
+            self.metrics.errors.labels("no_worker").inc()
+            return _error(503, "no healthy worker")
+        for w in probes:
+            try:
+                return await self.tokens.of(self.client, w.url, body, chat)
+            except TokenizeError as e:
+                if e.response.status_code < 500:
+                    return Response(e.response.content, e.response.status_code,
+                                    media_type=e.response.headers.get("content-type"))
+                failed = f"HTTP {e.response.status_code}"
+            except httpx.HTTPError as e:
+                failed = type(e).__name__
+            log.warning("tokenizing on worker %s failed (%s)", w.url, failed)
+        self.metrics.errors.labels("tokenize").inc()
+        return _error(502, f"tokenizing failed on every healthy worker (last: {w.url}: {failed})")
+
+    async def _relay(self, resp: httpx.Response, info: RequestInfo, worker: str):
         first, tail, head = True, b"", b""
+        self.relays.add(resp)
         try:
             try:
                 async for chunk in resp.aiter_raw():
@@ -214,6 +253,13 @@ class Gateway:
                     tail = (tail + chunk)[-4096:]
                     yield chunk
             except httpx.HTTPError as e:              # the worker failed after the first byte
+                if self.closing is not None:          # ...or drain() cut it
+                    err = {"object": "error", "error": {"message": self.closing, "param": None,
+                                                        "type": "server_error", "code": 503}}
+                    yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+                    return
+                log.warning("%s: worker %s failed mid-stream (%s): ended with an error event",
+                            info.rid, worker, type(e).__name__)
                 self.metrics.errors.labels("midstream").inc()
                 err = {"error": {"message": f"the worker failed mid-stream: {type(e).__name__}",
                                  "type": "server_error", "code": 502}}
@@ -221,6 +267,7 @@ class Gateway:
                 return
             self._reported(tail)
         finally:
+            self.relays.discard(resp)
             await resp.aclose()                       # a client gone: the worker aborts
             self.routing.finished(info.rid)
 
@@ -246,6 +293,11 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="radixkv route", lifespan=lifespan)
     app.state.gateway = gw
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_, e: StarletteHTTPException):      # no such route, a wrong method
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return _error(e.status_code, str(e.detail), kind)
+
     @app.post("/v1/completions")
     async def completions(raw: HTTPRequest):
         return await gw.generate(raw, "/v1/completions", chat=False)
@@ -269,7 +321,7 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return Response(gw.metrics.render(gw.routing.fit_quality()),
+        return Response(gw.metrics.render(gw.routing.fit_quality(), gw.routing.feed_counts()),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/workers")
@@ -290,8 +342,9 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
             w = await gw.add(url, events)
         except (ValueError, KeyError, TypeError) as e:
             return _error(400, f"cannot add the worker: {e}", "invalid_request_error")
-        except httpx.HTTPError as e:
-            return _error(502, f"cannot reach the worker: {type(e).__name__}")
+        except (httpx.HTTPError, httpx.InvalidURL) as e:    # the URL given names no worker
+            return _error(400, f"cannot add the worker: {url!r} does not answer as one "
+                               f"({type(e).__name__})", "invalid_request_error")
         return w.describe()
 
     @app.delete("/workers/{url:path}")

@@ -5,6 +5,8 @@ template of its tokenizer_config.json, else the plain one) or the workers' own v
 so a chat is rendered with the template the worker uses."""
 from __future__ import annotations
 
+import json
+
 import httpx
 from pydantic import ValidationError
 
@@ -60,7 +62,10 @@ class Tokens:
 
     @staticmethod
     async def _post(client: httpx.AsyncClient, url: str, body: dict) -> dict:
-        r = await client.post(url, json=body)
+        # json.dumps, not httpx's json=: NaN and lone surrogates (which a client may send, and
+        # the worker refuses with a 400) must not fail the encoding here
+        r = await client.post(url, content=json.dumps(body).encode(),
+                              headers={"content-type": "application/json"})
         if r.status_code != 200:
             raise TokenizeError(r)
         return r.json()

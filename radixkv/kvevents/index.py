@@ -3,7 +3,14 @@
 `apply` is the pure part; `connect` adds a ZMQ SUB socket and a DEALER to the publisher's replay
 ROUTER. Messages are `[topic, 8-byte big-endian seq, payload]`; on a sequence gap the index
 sends the 8-byte start seq to the replay socket, which answers one `[seq, payload]` per buffered
-batch and ends with seq -1 and an empty payload.
+batch and ends with seq -1 and an empty payload (vLLM 0.33's publisher puts the topic before
+the seq: `[topic, seq, payload]`; both are read).
+
+A loss no replay can repair (the publisher dropped the batch, or its replay buffer no longer
+holds it, or there is no replay socket) makes the index resync: it forgets every page, then
+applies what follows. From then on every page it holds is one the server holds (a subset: pages
+stored before the loss and still held are unknown until stored again), where keeping the old
+pages would leave removed ones held.
 """
 from __future__ import annotations
 
@@ -29,6 +36,8 @@ class KVIndex:
         self.last_seq = -1
         self.gaps = 0                # sequence gaps seen
         self.missed = 0              # batches never applied (lost and not replayed)
+        self.replayed = 0            # batches applied from the replay socket
+        self.resyncs = 0             # losses that made the connected index forget its pages
         self._sub: zmq.Socket | None = None
         self._replay: zmq.Socket | None = None
         self._replay_endpoint: str | None = None
@@ -167,7 +176,10 @@ class KVIndex:
                 applied = self.catch_up(self.replay_timeout_ms)
             if seq <= self.last_seq:        # the replay brought it too
                 return applied
-        return applied + self._step(seq, decode_batch(payload))
+        batch = decode_batch(payload)
+        if seq > self.last_seq + 1:         # still a gap: lost for good
+            self._resync()
+        return applied + self._step(seq, batch)
 
     def poll(self, timeout_ms: int = 0) -> int:
         """Apply every live message waiting (waiting up to `timeout_ms` for the first);
@@ -182,7 +194,7 @@ class KVIndex:
     def catch_up(self, timeout_ms: int = 1000) -> int:
         """Ask the replay socket for every buffered batch after last_seq (a new index starts
         at seq 0) and apply them in order; returns the batches applied. Batches the buffer no
-        longer holds count as missed."""
+        longer holds count as missed, and make the index resync."""
         if self._replay is None:
             raise ValueError("catch_up needs a replay endpoint (KVIndex.connect(..., replay_endpoint))")
         timeout_ms = int_at_least(timeout_ms, "timeout_ms")
@@ -190,6 +202,8 @@ class KVIndex:
         applied, ended = 0, False
         while self._replay.poll(timeout_ms):
             frames = self._replay.recv_multipart()
+            if len(frames) == 4:            # vLLM's [empty, topic, seq, payload]
+                frames = [frames[0], *frames[2:]]
             if len(frames) != 3 or len(frames[1]) != 8:
                 continue
             seq = int.from_bytes(frames[1], "big", signed=True)
@@ -197,10 +211,20 @@ class KVIndex:
                 ended = True
                 break
             if seq > self.last_seq:
-                applied += self._step(seq, decode_batch(frames[2]))
+                batch = decode_batch(frames[2])
+                if seq > self.last_seq + 1:
+                    self._resync()
+                self.replayed += self._step(seq, batch)
+                applied += 1
         if not ended:                       # a late answer must not end the next replay
             self._open_replay()
         return applied
+
+    def _resync(self) -> None:
+        """A loss no replay repairs: forget every page (what follows is applied after)."""
+        self.resyncs += 1
+        self._held.clear()
+        self.parents.clear()
 
     def close(self) -> None:
         for s in (self._sub, self._replay):

@@ -2,10 +2,14 @@
 
 `KVEventsConfig` takes vLLM's JSON keys. `make_publisher` gives a `NullPublisher` (events are
 computed, not sent) or a `ZmqEventPublisher`: the engine thread calls `publish(events)`, which
-converts them to vLLM's wire events and hands them to a sending thread through a bounded queue.
-That thread numbers each batch, sends `[topic, 8-byte big-endian seq, msgpack batch]` on a PUB
-socket, keeps the last `buffer_steps` batches, and answers replay requests on a ROUTER socket
-(kvevents/wire.py describes the wire format, kvevents/index.py its subscriber, `KVIndex`).
+converts them to vLLM's wire events, numbers the batch and hands it to a sending thread through a
+bounded queue; `publish` never blocks: a batch that finds the queue full is dropped, counted
+(`dropped`) and logged, and its number is skipped, so every subscriber sees the loss as a
+sequence gap that no replay can fill. The sending thread sends `[topic, 8-byte big-endian seq,
+msgpack batch]` on a PUB socket, keeps the last `buffer_steps` batches, and answers replay
+requests on a ROUTER socket: every buffered batch from the seq asked for, so a request older than
+the buffer gets the buffer, as vLLM's does (kvevents/wire.py describes the wire format,
+kvevents/index.py its subscriber, `KVIndex`).
 """
 from __future__ import annotations
 
@@ -107,6 +111,7 @@ class NullPublisher:
     """Events are computed and dropped (enable_kv_cache_events with publisher "null")."""
     endpoint: str | None = None
     replay_endpoint: str | None = None
+    dropped = 0
 
     def __init__(self) -> None:
         self._closed = False
@@ -123,8 +128,10 @@ class ZmqEventPublisher:
     """vLLM's PUB/ROUTER publisher: a sending thread, a bounded hand-off queue, a replay buffer.
 
     Both sockets bind (a `tcp://127.0.0.1:*` or port-0 endpoint takes a free port: read the
-    `endpoint` and `replay_endpoint` properties). `publish` never drops a batch: it blocks only
-    when the thread is `max_queue_size` batches behind.
+    `endpoint` and `replay_endpoint` properties). `publish` never blocks the engine thread: when
+    the sending thread is `max_queue_size` batches behind, the batch is dropped and counted
+    (vLLM's `put` blocks there instead). The PUB socket itself drops silently at `hwm` for a
+    subscriber that lags; subscribers see both as sequence gaps.
     """
     SHUTDOWN_TIMEOUT_S = 5.0
 
@@ -142,7 +149,9 @@ class ZmqEventPublisher:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=positive_int(buffer_steps, "buffer_steps"))
         self._seq = count()
         self._sent = 0
-        self._lock = threading.Lock()           # publish vs close
+        self._dropped = 0                       # batches refused by a full queue
+        self._dropped_run = 0                   # of them since the last batch queued (one warning)
+        self._lock = threading.Lock()           # publish vs close; numbering in order
         self._closed = False
         ctx = zmq.Context.instance()
         self._pub = ctx.socket(zmq.PUB)
@@ -155,6 +164,8 @@ class ZmqEventPublisher:
             if replay_endpoint is not None:
                 self._replay = ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
+                # a whole buffer and its end marker must fit, or ROUTER drops the tail (as vLLM)
+                self._replay.setsockopt(zmq.SNDHWM, 2 * (self._buffer.maxlen + 1))
                 self._replay_endpoint = self._bind(
                     self._replay, offset_port(_endpoint(replay_endpoint, "replay_endpoint"), dp_rank))
         except BaseException:
@@ -183,11 +194,17 @@ class ZmqEventPublisher:
 
     @property
     def sent(self) -> int:
-        """Batches sent so far (the next batch's seq)."""
+        """The seq after the last batch sent (batches dropped before it included)."""
         return self._sent
 
+    @property
+    def dropped(self) -> int:
+        """Batches dropped because the queue to the sending thread was full."""
+        return self._dropped
+
     def publish(self, events: list[KVEvent]) -> None:
-        """Hand one step's events to the sending thread (nothing is sent for an empty list).
+        """Number one step's events and hand them to the sending thread without waiting (nothing
+        is sent for an empty list; a full queue drops the batch, its number skipped).
         Thread-safe; raises RuntimeError after close()."""
         wire = to_wire(events, self.block_size)     # a bad event raises here, at the caller
         with self._lock:
@@ -195,8 +212,19 @@ class ZmqEventPublisher:
                 raise RuntimeError("publish on a closed KV event publisher")
             if not self._thread.is_alive():
                 raise RuntimeError("the KV events publisher thread has stopped (see the log)")
-            if wire:
-                self._queue.put((time.time(), wire))
+            if not wire:
+                return
+            seq = next(self._seq)
+            try:
+                self._queue.put_nowait((seq, time.time(), wire))
+            except queue.Full:
+                if self._dropped_run == 0:
+                    log.warning("KV events queue full (%d batches): dropping batches from seq %d; "
+                                "subscribers will see a gap", self._queue.maxsize, seq)
+                self._dropped += 1
+                self._dropped_run += 1
+                return
+            self._dropped_run = 0
 
     def close(self) -> None:
         """Send what is queued, stop the thread and close the sockets; idempotent."""
@@ -204,7 +232,10 @@ class ZmqEventPublisher:
             if self._closed:
                 return
             self._closed = True
-            self._queue.put(_STOP)
+        try:
+            self._queue.put(_STOP, timeout=self.SHUTDOWN_TIMEOUT_S)   # the thread is draining
+        except queue.Full:
+            log.warning("KV events queue still full after %.1f s at close", self.SHUTDOWN_TIMEOUT_S)
         self._thread.join(self.SHUTDOWN_TIMEOUT_S)
         if self._thread.is_alive():
             log.warning("KV events publisher thread still running after %.1f s",
@@ -230,8 +261,7 @@ class ZmqEventPublisher:
                     continue
                 if item is _STOP:
                     break
-                ts, wire = item
-                seq = next(self._seq)
+                seq, ts, wire = item
                 payload = encode_batch(ts, wire, self.dp_rank, self.encoding)
                 self._pub.send_multipart([self._topic, seq.to_bytes(8, "big"), payload])
                 self._buffer.append((seq, payload))

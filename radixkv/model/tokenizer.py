@@ -6,6 +6,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
+# Encoding holds the GIL; a long text is encoded so that other threads (an event loop serving
+# streams, an engine stepping) run meanwhile: bytes in slices of this many, HF's batch path
+# (which releases the GIL) past this many characters.
+GIL_SLICE = 1 << 16
+
 
 class Tokenizer(Protocol):
     vocab_size: int
@@ -13,6 +18,8 @@ class Tokenizer(Protocol):
     eos_id: int | None
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]: ...
+
+    def count(self, text: str, add_bos: bool = False) -> int: ...
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str: ...
 
@@ -37,8 +44,15 @@ class ByteTokenizer:
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"encode expects str, got {type(text).__name__}")
-        ids = list(text.encode("utf-8"))
-        return [self.bos_id, *ids] if add_bos else ids
+        data = text.encode("utf-8")
+        ids = [self.bos_id] if add_bos else []
+        for at in range(0, len(data), GIL_SLICE):
+            ids.extend(data[at:at + GIL_SLICE])
+        return ids
+
+    def count(self, text: str, add_bos: bool = False) -> int:
+        """len(encode(text, add_bos)), without building the ids."""
+        return len(text.encode("utf-8")) + bool(add_bos)
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Bytes to text (invalid UTF-8 becomes U+FFFD); specials dropped or shown as <bos> etc.;
@@ -103,8 +117,16 @@ class HFTokenizer:
         return tid
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if len(text) > GIL_SLICE:            # the same ids, without the GIL while it works
+            ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
+        else:
+            ids = self._tok.encode(text, add_special_tokens=False).ids
         return [self.bos_id, *ids] if add_bos and self.bos_id is not None else ids
+
+    def count(self, text: str, add_bos: bool = False) -> int:
+        """len(encode(text, add_bos)), without the GIL or a list of ids."""
+        n = len(self._tok.encode_batch([text], add_special_tokens=False)[0])
+        return n + (add_bos and self.bos_id is not None)
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         ids = [int(i) for i in ids]

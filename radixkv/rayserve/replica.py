@@ -11,11 +11,14 @@ id, its rank, its loopback URL), then appends to one ordered log: its cache's KV
 vLLM wire batches (msgpack `[ts, [events], dp_rank]`, sent from the engine thread after each
 step), and a notice when a routed request's first output reaches it (`first`) and when its
 response ends (`finish`). Its engine figures (running requests, KV slots used) are polled every
-POLL_S and kept as the latest value. A router reads everything new with one `pull(cursor)`.
+POLL_S and kept as the latest value. A router reads everything new with one `pull(cursor)`, and
+tells the hub of a replica that died (`dropped`): the listing (`GET /replicas`: id, rank, URL,
+process id, figures) names live replicas only.
 """
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import deque
@@ -49,13 +52,17 @@ class EventHub:
         self._figures: dict[str, dict] = {}
         self._replicas: dict[str, dict] = {}
 
-    def register(self, uid: str, rank: int, url: str) -> None:
+    def register(self, uid: str, rank: int, url: str, pid: int) -> None:
         """A replica takes `rank`; one that held it before (it died and was replaced) is
         forgotten, so exactly one replica is listed per rank."""
         for old in [u for u, r in self._replicas.items() if r["rank"] == rank and u != uid]:
-            del self._replicas[old]
-            self._figures.pop(old, None)
-        self._replicas[uid] = {"rank": rank, "url": url}
+            self.dropped(old)
+        self._replicas[uid] = {"id": uid, "rank": rank, "url": url, "pid": pid}
+
+    def dropped(self, uid: str) -> None:
+        """A replica died (a router saw it): it is listed no more."""
+        self._replicas.pop(uid, None)
+        self._figures.pop(uid, None)
 
     def push(self, uid: str, kind: str, payload: Any) -> None:
         self._log.append((uid, kind, payload))
@@ -135,9 +142,9 @@ class EngineReplica:
         self.state = build_server(opts, cfg, flags)
         if events and self.state.worker.publisher is not None:      # None: --cache none
             self.state.worker.publisher = HubPublisher(self.hub, self.uid, cfg.cache.page_size)
-        self.server = ServerThread(build_app(self.state))
+        self.server = ServerThread(build_app(self.state), client_timeout=opts.client_timeout)
         self.url = self.server.__enter__()
-        self.hub.register.remote(self.uid, self.rank, self.url)
+        self.hub.register.remote(self.uid, self.rank, self.url, os.getpid())
         self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
         threading.Thread(target=self._poll, name="radixkv-figures", daemon=True).start()
 

@@ -11,6 +11,12 @@ replica index, mapped to Ray's replica by the replica's rank. The chosen replica
 first rank, the others its fallback (Ray sends to a replica of a rank that has room).
 `on_request_routed` tells the router (`on_route`) where the request went.
 
+A replica that dies (Ray Serve calls `on_replica_actor_died`, or drops it from the replicas it
+updates the adapter with) is forgotten at once: its pages (AllBlocksCleared on its rank), its
+requests in flight (finished), its rank mapping; the hub stops listing it. Until a replacement
+takes the rank, Ray Serve chooses among the live replicas. `ADAPTERS` holds the adapter of each
+hub in this process, whose `state()` the ingress's `GET /replicas` reports.
+
 A replica's view (radixkv.router.inflight) is what the front end knows at once plus what the
 replica last published, as in the simulator.
 """
@@ -25,7 +31,8 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from radixkv.config import EngineConfig
-from radixkv.kvevents.wire import AllBlocksCleared, KVEventBatch, decode_batch
+from radixkv.kvevents.index import KVIndex
+from radixkv.kvevents.wire import AllBlocksCleared, EventBatch, KVEventBatch, decode_batch
 from radixkv.rayserve.replica import hub_named
 from radixkv.router import ROUTERS, RequestInfo, Router, RouterContext, make_router
 from radixkv.router.inflight import InFlight
@@ -35,6 +42,7 @@ from radixkv.sim.specs import MODEL_SPECS
 
 log = logging.getLogger(__name__)
 PENDING_KEPT = 4096
+ADAPTERS: dict[str, RouterAdapter] = {}          # hub name -> the adapter in this process
 
 
 def router_kwargs(name: str, replicas: int, opts: ServeOptions, cfg: EngineConfig,
@@ -73,14 +81,23 @@ def build_router(kw: dict) -> Router:
 
 class RouterAdapter(RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
-        self.router = build_router(kwargs)
-        self.n = kwargs["replicas"]
-        self.hub = hub_named(kwargs["hub"])
+        self.setup(build_router(kwargs), kwargs["replicas"], hub_named(kwargs["hub"]))
+        # Ray Serve ships this class pickled by value, with a copy of this module's globals:
+        # the registry the ingress reads is the imported module's
+        from radixkv.rayserve import request_router as imported
+        imported.ADAPTERS[kwargs["hub"]] = self
+
+    def setup(self, router: Router, n: int, hub) -> None:
+        """The adapter's state: `router` over `n` ranks, fed from `hub`."""
+        self.router, self.n, self.hub = router, n, hub
         self.cursor = 0
         self.ranks: dict[str, int] = {}                  # Ray replica id -> router index
         self.figures = [{} for _ in range(self.n)]
         self.inflight = InFlight(self.n)
         self.pending: dict[str, RequestInfo] = {}        # chosen for, not yet routed
+        self.held = [KVIndex() for _ in range(self.n)]   # the pages told to the router, per rank
+        self.live: set[str] = set()                      # Ray's replicas at its last update
+        self.dead: set[str] = set()
         self.t0 = time.monotonic()
         self.lock = asyncio.Lock()
 
@@ -93,8 +110,8 @@ class RouterAdapter(RequestRouter):
                             got["lost"])
             latest = {r["rank"]: uid for uid, r in got["replicas"].items()}   # last registered
             for uid, r in got["replicas"].items():
-                if latest[r["rank"]] != uid:
-                    continue                  # a replica that died and was replaced
+                if latest[r["rank"]] != uid or uid in self.dead:
+                    continue                  # a replica that died (and was replaced)
                 if self.ranks.get(uid) != r["rank"] and r["rank"] < self.n:
                     self.replaced(uid, r["rank"])
                 if uid in self.ranks:
@@ -104,7 +121,7 @@ class RouterAdapter(RequestRouter):
                 if i is None:
                     continue
                 if kind == "events":
-                    self.router.on_events(i, decode_batch(payload))
+                    self.events(i, decode_batch(payload))
                 elif kind == "first":
                     self.first_output(payload)
                 else:
@@ -117,11 +134,43 @@ class RouterAdapter(RequestRouter):
         gone = [u for u, r in self.ranks.items() if r == rank and u != uid]
         for u in gone:
             del self.ranks[u]
-        if gone:                              # its requests will never report: finish them
-            for rid in self.inflight.on(rank):
-                self.finished(rid)
-            self.router.on_events(rank, KVEventBatch(time.time(), [AllBlocksCleared()]))
+        if gone:
+            self.forget(rank)
         self.ranks[uid] = rank
+
+    def events(self, rank: int, batch: EventBatch) -> None:
+        self.router.on_events(rank, batch)
+        held = self.held[rank]
+        held.apply(held.last_seq + 1, batch)
+
+    def forget(self, rank: int) -> None:
+        """The replica of `rank` is gone: its requests will never report (they finish) and its
+        pages are forgotten."""
+        for rid in self.inflight.on(rank):
+            self.finished(rid)
+        self.figures[rank] = {}
+        self.events(rank, KVEventBatch(time.time(), [AllBlocksCleared()]))
+
+    def died(self, uid: str) -> None:
+        """Ray Serve says replica `uid` died: forgotten now, not when a replacement comes."""
+        self.dead.add(uid)
+        self.live.discard(uid)
+        rank = self.ranks.pop(uid, None)
+        if rank is None:
+            return
+        flying = len(self.inflight.on(rank))
+        self.forget(rank)
+        self.hub.dropped.remote(uid)
+        log.warning("replica %s (rank %d) died: the router forgot its pages and its %d requests "
+                    "in flight", uid, rank, flying)
+
+    def state(self) -> dict:
+        """What the router knows: per rank, the replica mapped there, the pages it was told
+        that replica holds and its requests in flight; the replicas it saw die."""
+        by_rank = {r: u for u, r in dict(self.ranks).items()}
+        return {"ranks": [{"rank": r, "replica": by_rank.get(r), "pages": len(self.held[r]),
+                           "in_flight": self.inflight.held[r]} for r in range(self.n)],
+                "dead": sorted(list(self.dead))}
 
     def first_output(self, rid: str) -> None:
         got = self.inflight.first_output(rid)
@@ -134,6 +183,22 @@ class RouterAdapter(RequestRouter):
             self.router.on_finish(*got)
 
     # ---- Ray Serve's hooks --------------------------------------------------------------------
+    def on_replica_actor_died(self, replica_id) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.died(replica_id.unique_id)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        """Ray's replica set changed (a replica that registered with the hub but is not running
+        yet is in no set: it stays)."""
+        super().update_replicas(replicas)
+        self.running({r.replica_id.unique_id for r in replicas})
+
+    def running(self, live: set[str]) -> None:
+        """Ray's replicas are now `live`: one live before and missing now has died."""
+        for uid in self.live - live:
+            self.died(uid)
+        self.live = set(live)
+
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None
                               ) -> list[list[RunningReplica]]:

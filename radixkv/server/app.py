@@ -15,17 +15,20 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixkv.sched.request import Request
 from radixkv.server import protocol as P
 from radixkv.server.sglang_api import add_sglang_routes, sglang_keys
-from radixkv.server.state import (APIError, ServerState, deliver_to, error_response,
-                                  make_request, reset_cache, tenant_of)
+from radixkv.server.guard import RID_KEY, RequestGuard
+from radixkv.server.state import (APIError, ServerState, checked_request, engine_down,
+                                  error_event, error_message, error_response, on_engine,
+                                  reset_cache, tenant_of)
 from radixkv.server.text import Detokenizer
+from radixkv.server.updates import ClosingStreamingResponse, UpdateQueue
 from radixkv.server.vllm_api import add_vllm_routes
-from radixkv.server.worker import Update, engine_stats
+from radixkv.server.worker import engine_stats
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -43,6 +46,8 @@ def build_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="radixkv", lifespan=lifespan)
     app.state.radixkv = state
+    app.add_middleware(RequestGuard, max_bytes=state.max_request_bytes,
+                       timeout=state.client_timeout)
 
     # ---- errors: OpenAI-style bodies, 4xx for anything a client sent --------------------------
     @app.exception_handler(APIError)
@@ -79,13 +84,14 @@ def build_app(state: ServerState) -> FastAPI:
     # ---- operations ---------------------------------------------------------------------------
     @app.get("/health")
     async def health():
-        if not state.worker.alive():
-            return error_response(503, state.worker.error or "the engine is not running", "server_error")
+        down = engine_down(state)
+        if down is not None:
+            return error_response(down.status, down.message, down.kind)
         return Response(status_code=200)
 
     @app.get("/server_info")
     async def server_info():
-        live = await asyncio.wrap_future(state.worker.call(engine_stats))
+        live = await on_engine(state, engine_stats)
         return {**state.info, **sglang_keys(state), "live": live}
 
     @app.get("/metrics")
@@ -107,17 +113,19 @@ def build_app(state: ServerState) -> FastAPI:
 
 
 async def _generate(state: ServerState, raw: HTTPRequest, body, chat: bool):
-    req = make_request(state, raw, body, chat)
-    if not state.worker.alive():
-        raise APIError(503, state.worker.error or "the engine is not running", "server_error")
-    q: asyncio.Queue[Update] = asyncio.Queue()
-    state.worker.submit(req, deliver_to(asyncio.get_running_loop(), q))
+    req = await checked_request(state, raw, body, chat)
+    raw.scope.setdefault("state", {})[RID_KEY] = req.rid     # what guard.py's warnings name
+    down = engine_down(state)
+    if down is not None:
+        raise down
+    q = UpdateQueue(state.worker, req, asyncio.get_running_loop())
+    state.worker.submit(req, q.deliver)
     created, detok = int(time.time()), Detokenizer(state.tokenizer)
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(_stream(state, req, q, detok, chat, created, usage,
-                                         body.return_cached_tokens_details),
-                                 media_type="text/event-stream")
+        return ClosingStreamingResponse(_stream(state, req, q, detok, chat, created, usage,
+                                                body.return_cached_tokens_details),
+                                        media_type="text/event-stream")
     finished, text = False, []
     try:
         while True:
@@ -131,7 +139,7 @@ async def _generate(state: ServerState, raw: HTTPRequest, body, chat: bool):
             if u.finish_reason is not None:
                 finished = True
                 if u.finish_reason == "error":
-                    raise APIError(500, state.worker.error or "the engine failed", "server_error")
+                    raise APIError(500, error_message(state, u), "server_error")
                 out = P.completion_body(req.rid, state.model_name, "".join(text),
                                         u.finish_reason, P.usage(*u.usage), chat=chat,
                                         created=created)
@@ -147,7 +155,7 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-async def _stream(state: ServerState, req: Request, q: asyncio.Queue, detok: Detokenizer,
+async def _stream(state: ServerState, req: Request, q: UpdateQueue, detok: Detokenizer,
                   chat: bool, created: int, include_usage: bool, details: bool):
     finished, name = False, state.model_name
     try:
@@ -156,6 +164,11 @@ async def _stream(state: ServerState, req: Request, q: asyncio.Queue, detok: Det
                                           role=True))
         while True:
             u = await q.get()
+            if u.finish_reason == "error":      # the engine failed: an error event, then [DONE]
+                finished = True
+                yield error_event(state, u)
+                yield "data: [DONE]\n\n"
+                return
             end = u.finish_reason is not None
             text = detok.push(u.tokens, final=end)
             if text or end:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from radixkv import __version__
+from radixkv import __version__, env
 from radixkv.config import EngineConfig
 from radixkv.engine.engine import Engine
 from radixkv.kvevents.publisher import KVEventsConfig, make_publisher
@@ -21,7 +21,7 @@ from radixkv.server.text import ChatTemplate
 from radixkv.server.worker import EngineWorker
 from radixkv.shapes import MODEL_CONFIGS
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
-from radixkv.validate import choice, positive_int
+from radixkv.validate import choice, positive_int, positive_number
 
 EXECUTORS = ("torch", "sim")
 # what the simulated GPU "generates" with the byte tokenizer: lowercase text that round-trips
@@ -46,10 +46,14 @@ class ServeOptions:
     seed: int = 0
     tp: int | None = None                     # sim: the TP degree (default: the model spec's)
     profile: str | None = None                # sim: a `radixkv calibrate` profile for --model
+    client_timeout: float = 30.0              # s: request headers, body, each response write
+    max_request_bytes: int = 64 << 20         # a larger request body is answered 413
 
     def __post_init__(self):
         choice(self.executor, "executor", EXECUTORS)
         positive_int(self.threads, "threads")
+        positive_number(self.client_timeout, "client_timeout")
+        positive_int(self.max_request_bytes, "max_request_bytes")
         if self.max_model_len is not None:
             positive_int(self.max_model_len, "max_model_len")
         if self.executor != "sim" and (self.tp is not None or self.profile is not None):
@@ -140,13 +144,17 @@ def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = Non
         metrics.cache_config(cfg.cache.page_size, cfg.kv_capacity // cfg.cache.page_size,
                              cfg.cache.hash_algo, cfg.cache.kind != "none")
     publisher = make_publisher(opts.kv_events, cfg.cache.page_size) if events_on else None
-    worker = EngineWorker(engine, pace=opts.executor == "sim", metrics=metrics, publisher=publisher)
+    if metrics is not None and publisher is not None:
+        metrics.kv_events(publisher)
+    worker = EngineWorker(engine, pace=opts.executor == "sim", metrics=metrics, publisher=publisher,
+                          fault_after_steps=env.fault_after_steps())
     state = ServerState(
         worker=worker, tokenizer=tokenizer, template=template,
         model_name=opts.name, max_model_len=max_len, vocab_size=margs.vocab_size,
         eos_id=margs.eos_id if margs.eos_id is not None else tokenizer.eos_id,
         tenants=opts.tenants, allow_client_cache_salt=opts.allow_client_cache_salt,
-        metrics=metrics, make_sampling=make_sampling)
+        metrics=metrics, make_sampling=make_sampling, client_timeout=opts.client_timeout,
+        max_request_bytes=opts.max_request_bytes)
     if publisher is not None:
         state.closers.append(publisher.close)
     cache_off = None
@@ -165,6 +173,7 @@ def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = Non
         "tenants": len(opts.tenants.keys), "shared_namespace": opts.tenants.shared_namespace,
         "allow_client_cache_salt": opts.allow_client_cache_salt,
         "metrics": opts.enable_metrics,
+        "client_timeout": opts.client_timeout, "max_request_bytes": opts.max_request_bytes,
         "kv_events": {**dataclasses.asdict(opts.kv_events),
                       "endpoint": publisher.endpoint if publisher else None,
                       "replay_endpoint": publisher.replay_endpoint if publisher else None},

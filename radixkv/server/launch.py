@@ -3,13 +3,17 @@ the real address is known before serving), in the foreground or in a thread (tes
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import signal
 import socket
 import threading
 import time
 
 import uvicorn
+
+from radixkv.server.connection import DEFAULT_CLIENT_TIMEOUT, guarded_protocol
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -26,9 +30,42 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+DRAIN_MARGIN = 1.0       # seconds before the graceful shutdown's deadline that `drain` runs
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server, but SIGINT / SIGTERM end it with a normal exit (uvicorn re-raises
-    the signal after its graceful shutdown, so the process would die of it)."""
+    the signal after its graceful shutdown, so the process would die of it). `exit_when`: an
+    event any thread may set to stop it the same way. `drain` (a function or a coroutine
+    function), called on the event loop DRAIN_MARGIN s before the graceful shutdown's deadline,
+    ends what still runs then: a stream gets an error event rather than being cut off, and
+    uvicorn has no task left to cancel."""
+
+    def __init__(self, config: uvicorn.Config, drain=None,
+                 exit_when: threading.Event | None = None):
+        super().__init__(config)
+        self.drain, self.exit_when = drain, exit_when
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.exit_when is not None and self.exit_when.is_set():
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    def _drain_now(self) -> None:
+        out = self.drain()
+        if inspect.isawaitable(out):                 # a coroutine function: run it here
+            asyncio.ensure_future(out)
+
+    async def shutdown(self, sockets=None) -> None:
+        late = None
+        if self.drain is not None:
+            grace = max((self.config.timeout_graceful_shutdown or 0) - DRAIN_MARGIN, 0)
+            late = asyncio.get_running_loop().call_later(grace, self._drain_now)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if late is not None:
+                late.cancel()
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -49,14 +86,20 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-def _server(app, log_level: str) -> uvicorn.Server:
+def _server(app, log_level: str, drain=None, exit_when=None,
+            client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> uvicorn.Server:
+    # request headers are due within client_timeout seconds (server/connection.py)
     return _Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5,
-                                         access_log=False))
+                                  access_log=False, http=guarded_protocol(client_timeout)),
+                   drain, exit_when)
 
 
-def serve_forever(app, sock: socket.socket, log_level: str = "warning") -> None:
-    """Serve until SIGINT / SIGTERM (uvicorn's handlers: a graceful shutdown)."""
-    _server(app, log_level).run(sockets=[sock])
+def serve_forever(app, sock: socket.socket, log_level: str = "warning", *, drain=None,
+                  exit_when: threading.Event | None = None,
+                  client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> None:
+    """Serve until SIGINT / SIGTERM or `exit_when` is set, then a graceful shutdown (`drain`:
+    see _Server)."""
+    _server(app, log_level, drain, exit_when, client_timeout).run(sockets=[sock])
 
 
 class ServerThread:
@@ -64,10 +107,10 @@ class ServerThread:
     thread; stopped (and its engine with it) however the block ends."""
 
     def __init__(self, app, host: str = "127.0.0.1", log_level: str = "warning",
-                 startup_timeout: float = 60.0):
+                 startup_timeout: float = 60.0, client_timeout: float = DEFAULT_CLIENT_TIMEOUT):
         self.sock = bind(host, 0)
         self.url = url_of(self.sock)
-        self.server = _server(app, log_level)
+        self.server = _server(app, log_level, client_timeout=client_timeout)
         self._timeout = startup_timeout
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                         name="radixkv-http", daemon=True)

@@ -4,12 +4,15 @@ Each server owns a CollectorRegistry (several servers can live in one process, a
 The engine thread updates everything; the HTTP thread only renders. Token counters are
 counted once per request at its first admission: a prefill recomputed after a retraction is
 not a hit, and not a second query. `sglang:cache_hit_rate` is hits / queries of the counters
-(over the server's life), not a per-batch gauge.
+(over the server's life), not a per-batch gauge. With KV events on,
+`radixkv_kv_events_dropped_total` is read from the publisher at each scrape: batches it dropped
+because its queue to the sending thread was full.
 """
 from __future__ import annotations
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
                                generate_latest)
+from prometheus_client.core import CounterMetricFamily
 
 disable_created_metrics()          # no *_created series, as vLLM
 
@@ -44,6 +47,8 @@ class ServerMetrics:
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated")
         self.success = counter("vllm:request_success", "Requests finished")
         self.aborted = counter("radixkv_aborted_requests", "Requests aborted (client gone)")
+        self.failed = counter("radixkv_failed_requests",
+                              "Requests ended with an error: the engine failed or shut down")
         self.evicted = counter("radixkv_evicted_tokens", "KV tokens evicted from the prefix cache")
         self.resets = counter("radixkv_cache_resets",
                               "Prefix cache resets (/flush_cache, /reset_prefix_cache)")
@@ -65,6 +70,7 @@ class ServerMetrics:
                          lab, registry=r)
         hit_rate.labels(*val).set_function(self.hit_rate)
         self._hits = self._queries = 0
+        self._model = model_name
 
     def hit_rate(self) -> float:
         return self._hits / self._queries if self._queries else 0.0
@@ -99,6 +105,19 @@ class ServerMetrics:
                 "prefix_caching_hash_algo": hash_algo, "cache_dtype": "auto", "engine": "0"}
         Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info),
               registry=self.registry).labels(**info).set(1)
+
+    def kv_events(self, publisher) -> None:
+        """Expose the KV event publisher's `dropped` count (read at each scrape)."""
+        model = self._model
+
+        class Dropped:
+            def collect(self):
+                fam = CounterMetricFamily("radixkv_kv_events_dropped", "KV event batches dropped "
+                                          "because the publisher's queue was full",
+                                          labels=["model_name"])
+                fam.add_metric([model], publisher.dropped)
+                yield fam
+        self.registry.register(Dropped())
 
     def gauges(self, running: int, waiting: int, usage: float) -> None:
         """The engine's state now: set after every change (admission, step, abort, flush)."""

@@ -18,6 +18,17 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16      # OpenAI's documented default for /v1/co
 CHAT_DEFAULT_MAX_TOKENS = 128           # SGLang's default max_new_tokens
 
 
+def _utf8(v):
+    """`v`, if it is text a tokenizer can encode (JSON's "\ud800" is a lone surrogate: not)."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"the text holds a lone surrogate {v[e.start]!r} at index "
+                             f"{e.start}: it is not valid UTF-8") from None
+    return v
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -80,18 +91,21 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     default_max_tokens: ClassVar[int] = COMPLETION_DEFAULT_MAX_TOKENS
     prompt: str | list[int] = Field(min_length=1)
+    _prompt_utf8 = field_validator("prompt")(_utf8)
 
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
     text: str
+    _text_utf8 = field_validator("text")(_utf8)
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
+    _content_utf8 = field_validator("content")(_utf8)
 
     def text(self) -> str:
         if self.content is None:
@@ -117,6 +131,7 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    _prompt_utf8 = field_validator("prompt")(_utf8)
     add_special_tokens: bool | None = None      # vLLM: True for a prompt, False for messages
     add_generation_prompt: bool = True
     return_token_strs: bool = False
@@ -156,6 +171,7 @@ class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     text: str | None = None
     input_ids: list[int] | None = None
+    _text_utf8 = field_validator("text")(_utf8)
     sampling_params: SGLangSampling = Field(default_factory=SGLangSampling)
     stream: bool = False
     return_cached_tokens_details: bool = False

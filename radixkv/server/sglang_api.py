@@ -20,14 +20,17 @@ import time
 from datetime import datetime, timezone
 
 from fastapi import FastAPI, Request as HTTPRequest
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from radixkv import __version__
 from radixkv.sched.request import Request
 from radixkv.server import protocol as P
-from radixkv.server.state import APIError, ServerState, deliver_to, make_request, tenant_of
+from radixkv.server.guard import RID_KEY
+from radixkv.server.state import (APIError, ServerState, checked_request, engine_down,
+                                  error_event, error_message, on_engine, tenant_of)
 from radixkv.server.text import Detokenizer
+from radixkv.server.updates import ClosingStreamingResponse, UpdateQueue
 from radixkv.server.worker import Update, engine_stats
 
 
@@ -47,7 +50,7 @@ def add_sglang_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/get_server_info")
     async def get_server_info():
-        live = await asyncio.wrap_future(state.worker.call(engine_stats))
+        live = await on_engine(state, engine_stats)
         return {**state.info, **sglang_keys(state), "version": __version__,
                 "internal_states": [{"num_running_reqs": live["running"],
                                      "num_waiting_reqs": live["waiting"], **live}],
@@ -72,16 +75,18 @@ def add_sglang_routes(app: FastAPI, state: ServerState) -> None:
             where = ".".join(str(x) for x in first.get("loc", ()))
             raise APIError(400, f"{where}: {first.get('msg')}" if where else first.get("msg"),
                            param=where or None) from None
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:      # not JSON, or not UTF-8
             raise APIError(400, f"the body is not valid JSON: {e}") from None
-        req = make_request(state, raw, comp, chat=False)
-        if not state.worker.alive():
-            raise APIError(503, state.worker.error or "the engine is not running", "server_error")
-        q: asyncio.Queue[Update] = asyncio.Queue()
-        state.worker.submit(req, deliver_to(asyncio.get_running_loop(), q))
+        req = await checked_request(state, raw, comp, chat=False)
+        raw.scope.setdefault("state", {})[RID_KEY] = req.rid
+        down = engine_down(state)
+        if down is not None:
+            raise down
+        q = UpdateQueue(state.worker, req, asyncio.get_running_loop())
+        state.worker.submit(req, q.deliver)
         run = _Run(state, req, q, body.return_cached_tokens_details)
         if body.stream:
-            return StreamingResponse(run.stream(), media_type="text/event-stream")
+            return ClosingStreamingResponse(run.stream(), media_type="text/event-stream")
         return await run.whole(raw)
 
 
@@ -95,7 +100,7 @@ def sglang_keys(state: ServerState) -> dict:
 
 
 async def _load(state: ServerState) -> dict:
-    live = await asyncio.wrap_future(state.worker.call(_load_of))
+    live = await on_engine(state, _load_of)
     return {"dp_rank": 0, **live, "ts_tic": time.time()}
 
 
@@ -109,7 +114,7 @@ def _load_of(eng) -> dict:
 class _Run:
     """One /generate request's replies, as SGLang writes them."""
 
-    def __init__(self, state: ServerState, req: Request, q: asyncio.Queue, details: bool):
+    def __init__(self, state: ServerState, req: Request, q: UpdateQueue, details: bool):
         self.state, self.req, self.q, self.details = state, req, q, details
         self.detok, self.text, self.ids = Detokenizer(state.tokenizer), [], []
         self.start = time.monotonic()
@@ -140,8 +145,7 @@ class _Run:
                 if u.finish_reason is not None:
                     finished = True
                     if u.finish_reason == "error":
-                        raise APIError(500, self.state.worker.error or "the engine failed",
-                                       "server_error")
+                        raise APIError(500, error_message(self.state, u), "server_error")
                     return out
         finally:
             if not finished:
@@ -152,6 +156,11 @@ class _Run:
         try:
             while True:
                 u = await self.q.get()
+                if u.finish_reason == "error":   # the engine failed: an error event, then [DONE]
+                    finished = True
+                    yield error_event(self.state, u)
+                    yield "data: [DONE]\n\n"
+                    return
                 out = self._push(u)
                 if u.tokens or u.finish_reason is not None:
                     yield f"data: {json.dumps(out, separators=(',', ':'))}\n\n"

@@ -5,6 +5,7 @@ anything reaches the engine thread, so bad input gets a 4xx and changes nothing.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -41,11 +42,42 @@ class ServerState:
     make_sampling: Callable[[P.SamplingFields, int], Any] | None = None   # torch executor only
     on_ready: Callable[[], Any] | None = None
     closers: list[Callable[[], Any]] = field(default_factory=list)   # run at shutdown
+    client_timeout: float = 30.0             # s: headers, body, each response write (guard.py)
+    max_request_bytes: int = 64 << 20        # a larger body is answered 413 unread
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error",
            param: str | None = None) -> JSONResponse:
     return JSONResponse(P.error_body(message, kind, param, status), status_code=status)
+
+
+def engine_down(state: ServerState) -> APIError | None:
+    """503 naming why, when the engine thread has failed or stopped; else None."""
+    if state.worker.alive():
+        return None
+    return APIError(503, state.worker.error or "the engine is not running", "server_error")
+
+
+async def on_engine(state: ServerState, fn: Callable[[Any], Any]) -> Any:
+    """fn(engine) between steps; a 503 naming why when the engine is down."""
+    try:
+        return await asyncio.wrap_future(state.worker.call(fn))
+    except RuntimeError:
+        down = engine_down(state)
+        if down is None:
+            raise                                # fn's own error
+        raise down from None
+
+
+def error_message(state: ServerState, u: Update) -> str:
+    """Why a request ended with "error": its own reason, else the engine's failure."""
+    return u.message or state.worker.error or "the engine failed"
+
+
+def error_event(state: ServerState, u: Update) -> str:
+    """The SSE event a stream ends with (before [DONE]) when it ended with "error"."""
+    body = P.error_body(error_message(state, u), "server_error", code=500)
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
 def flush(eng) -> bool:
@@ -62,7 +94,7 @@ async def reset_cache(state: ServerState, raw: HTTPRequest, what: str) -> None:
         state.tenants.check_admin(raw.headers.get("authorization"))
     except AuthError as e:
         raise APIError(403, str(e), "permission_error") from None
-    if not await asyncio.wrap_future(state.worker.call(flush)):
+    if not await on_engine(state, flush):
         raise APIError(400, f"cannot {what} while requests are running or waiting")
     if state.metrics is not None:
         state.metrics.resets.inc()
@@ -97,12 +129,66 @@ def prompt_ids(state: ServerState, body, chat: bool) -> list[int]:
     return list(body.prompt)
 
 
+LARGE_PROMPT_CHARS = 1 << 16    # a longer prompt is tokenized on a worker thread
+
+
+async def checked_request(state: ServerState, raw: HTTPRequest, body, chat: bool) -> Request:
+    """make_request; a large prompt's (tokenizing it takes milliseconds per 100 KB) on a worker
+    thread, so the event loop keeps serving the other streams meanwhile."""
+    if _prompt_chars(body, chat) <= LARGE_PROMPT_CHARS:
+        return make_request(state, raw, body, chat)
+    req, err = await asyncio.to_thread(_make_off_loop, state, raw, body, chat)
+    if err is not None:
+        raise err
+    return req
+
+
+def _make_off_loop(state: ServerState, raw: HTTPRequest, body, chat: bool):
+    """(request, None) or (None, a fresh copy of the APIError): the original's traceback, and
+    the prompt's token ids its frames hold, are freed here rather than on the event loop
+    (freeing 10 M ids takes ~0.1 s)."""
+    try:
+        return make_request(state, raw, body, chat), None
+    except APIError as e:
+        return None, APIError(e.status, e.message, e.kind, e.param)
+
+
+def _prompt_chars(body, chat: bool) -> int:
+    if chat:
+        return sum(len(m.text()) for m in body.messages)
+    return len(body.prompt)                  # characters, or token ids to check
+
+
+def _over_context(state: ServerState, n: int, max_tokens: int) -> APIError:
+    return APIError(400, f"This model's maximum context length is {state.max_model_len} tokens. "
+                         f"However, you requested {n + max_tokens} tokens ({n} in the prompt, "
+                         f"{max_tokens} for the completion).", param="max_tokens")
+
+
+def _refuse_over_context(state: ServerState, body) -> None:
+    """A long text prompt is counted before it is tokenized: one the context cannot hold is
+    refused without building its token ids (10 MB of text: 10 M ids, ~0.3 s of work holding
+    the GIL — the event loop's and the engine thread's too)."""
+    n = state.tokenizer.count(body.prompt, add_bos=state.tokenizer.bos_id is not None)
+    if n >= state.max_model_len:                 # with any max_tokens (at least 1)
+        raise _over_context(state, n, body.limit() or 1)
+
+
+def _release(ids: list[int]) -> None:
+    """Empty a refused prompt's ids a slice at a time: freeing 10 M of them at once holds the
+    GIL for ~0.1 s, and the event loop and the engine thread with it."""
+    while len(ids) > LARGE_PROMPT_CHARS:
+        del ids[-LARGE_PROMPT_CHARS:]
+
+
 def make_request(state: ServerState, raw: HTTPRequest, body, chat: bool) -> Request:
     tenant = tenant_of(state, raw)
     check_model(state, body.model)
     msg = body.unsupported()
     if msg:
         raise APIError(400, msg)
+    if not chat and isinstance(body.prompt, str) and len(body.prompt) > LARGE_PROMPT_CHARS:
+        _refuse_over_context(state, body)
     ids = prompt_ids(state, body, chat)
     if not ids:
         raise APIError(400, "the prompt is empty", param="prompt")
@@ -111,10 +197,9 @@ def make_request(state: ServerState, raw: HTTPRequest, body, chat: bool) -> Requ
     if limit is None:                               # a default never overruns the context
         max_tokens = max(min(max_tokens, state.max_model_len - len(ids)), 1)
     if len(ids) + max_tokens > state.max_model_len:
-        raise APIError(400, f"This model's maximum context length is {state.max_model_len} "
-                            f"tokens. However, you requested {len(ids) + max_tokens} tokens "
-                            f"({len(ids)} in the prompt, {max_tokens} for the completion).",
-                       param="max_tokens")
+        n = len(ids)
+        _release(ids)
+        raise _over_context(state, n, max_tokens)
     bad_stop = next((t for t in body.stop_token_ids if t >= state.vocab_size), None)
     if bad_stop is not None:
         raise APIError(400, f"stop token id {bad_stop} is outside the vocabulary "
@@ -138,14 +223,3 @@ def make_request(state: ServerState, raw: HTTPRequest, body, chat: bool) -> Requ
         raise APIError(400, str(e), param="max_tokens") from None
     return req
 
-
-def deliver_to(loop: asyncio.AbstractEventLoop, q: asyncio.Queue) -> Callable[[Update], None]:
-    """The engine thread's way into this event loop. Once the loop is closed (the server is
-    shutting down) nobody is listening: the update is dropped, and the engine thread, which
-    calls this, must not fail for it."""
-    def deliver(u: Update) -> None:
-        try:
-            loop.call_soon_threadsafe(q.put_nowait, u)
-        except RuntimeError:
-            pass
-    return deliver

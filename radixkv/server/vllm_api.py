@@ -14,14 +14,15 @@
 """
 from __future__ import annotations
 
+import asyncio
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import Response
 
 from radixkv import __version__
 from radixkv.server import protocol as P
-from radixkv.server.state import (APIError, ServerState, check_model, make_request,
-                                  prompt_ids, reset_cache, tenant_of)
+from radixkv.server.state import (LARGE_PROMPT_CHARS, APIError, ServerState, check_model,
+                                  checked_request, prompt_ids, reset_cache, tenant_of)
 
 
 def add_vllm_routes(app: FastAPI, state: ServerState) -> None:
@@ -30,13 +31,12 @@ def add_vllm_routes(app: FastAPI, state: ServerState) -> None:
         tenant_of(state, raw)
         check_model(state, body.model)
         tok = state.tokenizer
-        if body.messages is not None:
-            ids = prompt_ids(state, body, chat=True)
-            if body.add_special_tokens and tok.bos_id is not None and ids[:1] != [tok.bos_id]:
-                ids = [tok.bos_id, *ids]
+        chars = sum(len(m.text()) for m in body.messages) if body.messages is not None \
+            else len(body.prompt)
+        if chars > LARGE_PROMPT_CHARS:               # off the event loop, as checked_request
+            ids = await asyncio.to_thread(_token_ids, state, body)
         else:
-            special = body.add_special_tokens is not False and tok.bos_id is not None
-            ids = tok.encode(body.prompt, add_bos=special)
+            ids = _token_ids(state, body)
         strs = [tok.decode([t], skip_special=False) for t in ids] if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids,
                 "token_strs": strs}
@@ -53,11 +53,11 @@ def add_vllm_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/completions/render")
     async def render_completion(body: P.CompletionRequest, raw: HTTPRequest):
-        return [_rendered(state, make_request(state, raw, body, chat=False), body)]
+        return [_rendered(state, await checked_request(state, raw, body, chat=False), body)]
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(body: P.ChatCompletionRequest, raw: HTTPRequest):
-        return _rendered(state, make_request(state, raw, body, chat=True), body)
+        return _rendered(state, await checked_request(state, raw, body, chat=True), body)
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(raw: HTTPRequest):
@@ -67,6 +67,17 @@ def add_vllm_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/version")
     async def version():
         return {"version": __version__}
+
+
+def _token_ids(state: ServerState, body: P.TokenizeRequest) -> list[int]:
+    tok = state.tokenizer
+    if body.messages is not None:
+        ids = prompt_ids(state, body, chat=True)
+        if body.add_special_tokens and tok.bos_id is not None and ids[:1] != [tok.bos_id]:
+            ids = [tok.bos_id, *ids]
+        return ids
+    return tok.encode(body.prompt, add_bos=body.add_special_tokens is not False and
+                      tok.bos_id is not None)
 
 
 def _rendered(state: ServerState, req, body) -> dict:

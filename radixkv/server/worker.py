@@ -10,10 +10,18 @@ to the wall clock (arrivals are stamped with the wall clock when submitted); a r
 step then advances it by the measured duration. With `pace` (the simulated GPU) the thread
 sleeps until the wall clock reaches the simulated step's end, so a client sees the cost
 model's latencies.
+
+Failure: an exception on the engine thread (a bug, or one injected with `inject_failure` or
+`fault_after_steps`) ends the thread. Every request in flight is taken out of the engine (its
+slots and lock released, when the engine's state allows it) and ends with "error"; `error`
+names the exception, so the routes answer 503 from then on; `on_failure(exc)` is called last.
+`close(reason)` ends the requests in flight the same way without a failure (a shutdown that
+will not wait for them).
 """
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -31,6 +39,7 @@ class Update(NamedTuple):
     tokens: tuple[int, ...]                 # output tokens produced since the last update
     finish_reason: str | None = None        # "stop" | "length" | "abort" | "error" at the end
     usage: tuple[int, int, int] | None = None   # (prompt, completion, cached) at the end
+    message: str | None = None              # with "error": why, when the engine did not fail
 
 
 class _Track:
@@ -42,9 +51,14 @@ class _Track:
 
 class EngineWorker:
     def __init__(self, engine: Engine, *, pace: bool = False, metrics: Any = None,
-                 publisher: Any = None):
+                 publisher: Any = None, fault_after_steps: int | None = None):
         self.engine, self.pace, self.metrics, self.publisher = engine, pace, metrics, publisher
         self.error: str | None = None               # set when a step failed: the server is down
+        self.on_failure: Callable[[BaseException], Any] | None = None   # else: logged here
+        # fault injection: the step taken once engine.steps reaches _fault_at raises _fault
+        self._fault: BaseException = RuntimeError(
+            f"injected fault after {fault_after_steps} steps (RADIXKV_FAULT_AFTER_STEPS)")
+        self._fault_at = math.inf if fault_after_steps is None else fault_after_steps
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = False
@@ -83,6 +97,21 @@ class EngineWorker:
         self._put(("call", fn, fut))
         return fut
 
+    def inject_failure(self, exc: BaseException) -> None:
+        """Fault injection (tests, drills): the engine thread's next step raises `exc` instead
+        of running, before it changes anything. Unused, it costs one comparison per step."""
+        self._fault, self._fault_at = exc, 0
+        self._wake.set()
+
+    def close(self, reason: str) -> None:
+        """End every request in flight with "error" and `reason` as the error, and stop the
+        thread, without waiting for it (called from the event loop, which must stay free to
+        deliver the endings)."""
+        if self.error is None:
+            self.error = reason
+        self._stop = True
+        self._wake.set()
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop = True
         self._wake.set()
@@ -108,6 +137,8 @@ class EngineWorker:
                 self._drain()
                 if self._stop or not eng.has_work():
                     continue
+                if eng.steps >= self._fault_at:
+                    raise self._fault
                 eng.now = max(eng.now, self.now())
                 evicted, retracted = eng.manager.evicted_tokens, eng.sched.counters.retractions
                 stuck = not eng.step()
@@ -117,10 +148,17 @@ class EngineWorker:
                     ahead = eng.now - self.now()
                     if ahead > 0:
                         time.sleep(ahead)
-        except Exception as e:                      # a bug: fail loudly, never hang clients
-            log.exception("the engine thread failed")
+        except BaseException as e:                  # a bug: fail loudly, never hang clients
             self.error = f"engine failure: {type(e).__name__}: {e}"
-        finally:
+            self._close_all("error")
+            if self.on_failure is None:
+                log.exception("the engine thread failed")
+            else:
+                try:
+                    self.on_failure(e)
+                except Exception:
+                    log.exception("the engine failure callback failed")
+        else:
             self._close_all("error" if self.error else "abort")
 
     def _drain(self) -> None:
@@ -140,7 +178,7 @@ class EngineWorker:
                     eng.add_request(req)
                 except ValueError as e:             # checked by the app already; belt and braces
                     log.warning("refused %s: %s", req.rid, e)
-                    deliver(Update((), "error", (req.prompt_len, 0, 0)))
+                    deliver(Update((), "error", (req.prompt_len, 0, 0), f"refused: {e}"))
                     continue
                 self._active[id(req)] = _Track(req, deliver)
             elif kind == "abort":
@@ -208,10 +246,25 @@ class EngineWorker:
     def _close_all(self, reason: str) -> None:
         with self._lock:                             # nothing enters the inbox after this
             self._closed = True
+        released = True
+        for tr in self._active.values():             # free their slots and locks, if it can
+            if released:
+                try:
+                    self.engine.abort(tr.req)
+                except Exception:                    # a step failed halfway: leave the rest
+                    log.warning("could not release the requests in flight", exc_info=True)
+                    released = False
         for tr in self._active.values():
             r = tr.req
+            if reason == "error" and self.metrics is not None:
+                self.metrics.failed.inc()
             tr.deliver(Update((), reason, (r.prompt_len, len(r.output), r.cached_tokens)))
         self._active.clear()
+        if released:
+            try:
+                self._gauges()
+            except Exception:
+                log.warning("could not read the engine's gauges", exc_info=True)
         while True:                                  # what was queued behind the stop
             try:
                 _refuse(self._inbox.get_nowait(), reason)

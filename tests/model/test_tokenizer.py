@@ -83,3 +83,25 @@ def test_load_tokenizer_default_and_missing(tmp_path):
     assert isinstance(load_tokenizer(None), ByteTokenizer)
     with pytest.raises(FileNotFoundError, match="tokenizer path .*missing.* does not exist"):
         load_tokenizer(tmp_path / "missing")
+
+
+def test_long_text_encodes_the_same_in_slices(hf_dir):
+    """Past GIL_SLICE the byte tokenizer encodes in slices and the HF one through its batch
+    path (both let other threads run); the ids are exactly those of one whole encode."""
+    from radixkv.model.tokenizer import GIL_SLICE
+    text = "héllo wörld! " * (3 * GIL_SLICE // 13 + 5)          # > 3 slices of UTF-8 bytes
+    assert len(text) > GIL_SLICE
+    tok = ByteTokenizer()
+    assert tok.encode(text, add_bos=True) == [256, *text.encode("utf-8")]
+    hf = load_tokenizer(hf_dir)
+    long = "hello world ! xyz " * (GIL_SLICE // 18 + 7)
+    assert len(long) > GIL_SLICE
+    assert hf.encode(long, add_bos=True) == [1, *[3, 4, 5, 0] * (GIL_SLICE // 18 + 7)]
+    assert hf.encode(long) == hf._tok.encode(long, add_special_tokens=False).ids
+
+
+def test_count_is_the_length_of_encode(hf_dir):
+    for tok in (ByteTokenizer(), load_tokenizer(hf_dir)):
+        for text in ("", "hello world !", "héllo xyz " * 50):
+            for bos in (False, True):
+                assert tok.count(text, add_bos=bos) == len(tok.encode(text, add_bos=bos))

@@ -3,6 +3,7 @@ the test ends."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import httpx
@@ -62,3 +63,49 @@ def check_clean(state) -> dict:
     assert s["holders"] == 0 and s["protected"] == 0, s
     assert s["used"] == s["tree"], s           # every used slot is the tree's
     return s
+
+
+READ_S = 15.0                     # a stream that hangs fails its test at this read timeout
+
+
+class Stream(threading.Thread):
+    """One streamed completion (llama-3-8b, ignore_eos), read to its end in a thread: its data
+    lines, the transport error that ended it (if any) and when it ended."""
+
+    def __init__(self, url: str, prompt: str, max_tokens: int):
+        super().__init__(daemon=True)
+        self.url, self.prompt, self.max_tokens = url, prompt, max_tokens
+        self.lines: list[str] = []
+        self.status, self.error, self.ended = None, None, None
+        self.begun = threading.Event()
+
+    def run(self) -> None:
+        body = {"model": "llama-3-8b", "prompt": self.prompt, "max_tokens": self.max_tokens,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            with httpx.stream("POST", f"{self.url}/v1/completions", json=body,
+                              timeout=httpx.Timeout(READ_S)) as r:
+                self.status = r.status_code
+                for ln in r.iter_lines():
+                    if ln:
+                        self.lines.append(ln)
+                        self.begun.set()
+        except httpx.HTTPError as e:
+            self.error = e
+        finally:
+            self.ended = time.monotonic()
+            self.begun.set()
+
+    def started(self) -> "Stream":
+        self.start()
+        assert self.begun.wait(READ_S) and self.lines, (self.status, self.error)
+        return self
+
+
+def wait_for(what: str, cond, seconds: float, every: float = 0.02) -> float:
+    """Poll `cond` until true; the seconds it took (an AssertionError past `seconds`)."""
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < seconds, f"{what}: not within {seconds} s"
+        time.sleep(every)
+    return time.monotonic() - t0

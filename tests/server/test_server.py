@@ -134,17 +134,15 @@ def test_regression_delivery_to_a_closed_loop_does_not_raise():
     call_soon_threadsafe then raises RuntimeError, which used to end the engine thread."""
     import asyncio
 
-    from radixkv.server.state import deliver_to
+    from radixkv.server.updates import UpdateQueue
     from radixkv.server.worker import Update
     loop = asyncio.new_event_loop()
-    q: asyncio.Queue = asyncio.Queue()
-    deliver = deliver_to(loop, q)
-    deliver(Update((1,)))
-    loop.run_until_complete(asyncio.sleep(0))
-    assert q.get_nowait() == Update((1,))
+    q = UpdateQueue(None, None, loop)          # the worker and request: only for an overflow
+    q.deliver(Update((1,)))
+    assert loop.run_until_complete(q.get()) == Update((1,))
     loop.close()
-    deliver(Update((2,), "abort"))            # dropped, no exception
-    assert q.empty()
+    q.deliver(Update((2,), "abort"))          # dropped, no exception
+    assert q.qsize() == 0
 
 
 def test_sim_server_prices_steps_with_a_calibration_profile(tmp_path):
