@@ -42,6 +42,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--health-interval", type=float, default=2.0, metavar="S",
                    help="seconds between health checks of each worker (default: 2)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="randomised routers (default: 0)")
+    p.add_argument("--client-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a client has to send a request's headers, then its body "
+                        "(else 408), and to take each piece of a response (else it is dropped "
+                        "and its upstream request closed) (default: 30)")
+    p.add_argument("--max-request-bytes", type=int, default=64 << 20, metavar="N",
+                   help="the largest request body; a larger one is answered 413 before it is "
+                        "parsed or sent on (default: 67108864, 64 MiB)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port; 0 picks a free one (default: 30000)")
     p.add_argument("--log-level", default="warning",
@@ -81,7 +88,9 @@ def build(args: argparse.Namespace):
                       sent_ttl=args.approx_ttl)
     tokens = Tokens(args.tokenizer)
     return build_gateway_app(Gateway(args.worker_urls, routing, tokens,
-                                     health_interval=args.health_interval))
+                                     health_interval=args.health_interval,
+                                     client_timeout=args.client_timeout,
+                                     max_request_bytes=args.max_request_bytes))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     app = build(args)
     sock = bind(args.host, args.port)
     print(f"radixkv route: listening on {url_of(sock)}", flush=True)
-    serve_forever(app, sock, args.log_level, drain=app.state.gateway.drain)
+    serve_forever(app, sock, args.log_level, drain=app.state.gateway.drain,
+                  client_timeout=app.state.gateway.client_timeout)
     print("radixkv route: stopped", file=sys.stderr, flush=True)
     return 0

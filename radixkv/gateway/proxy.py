@@ -8,7 +8,10 @@ Faults: a worker that refuses the connection, times out or answers 5xx before th
 gets the request retried once on the next best worker; a failure after the first byte ends the
 stream with an error event. A worker's 4xx reaches the client unchanged. A request body is
 forwarded as it came. Bad input is a 400 that changes nothing: a body that is not a JSON object,
-prompt token ids no page hash can take, a worker URL that does not answer as a worker.
+prompt token ids no page hash can take, a worker URL that does not answer as a worker. Hostile
+clients meet the server's guard (server/guard.py): a body over `max_request_bytes` is a 413
+before it is parsed or sent on, a body or a response write slower than `client_timeout` a 408
+or a dropped connection (its upstream request closed).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI, Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixkv.gateway.core import EventSource, Routing
@@ -29,11 +32,16 @@ from radixkv.gateway.metrics import GatewayMetrics
 from radixkv.gateway.tokens import TokenizeError, Tokens
 from radixkv.gateway.workers import Worker, check_health, discover, every, scrape
 from radixkv.router import RequestInfo
+from radixkv.server.connection import DEFAULT_CLIENT_TIMEOUT
+from radixkv.server.guard import RequestGuard
+from radixkv.server.updates import ClosingStreamingResponse
+from radixkv.validate import positive_int, positive_number
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
 DEFAULT_MAX_TOKENS = {False: 16, True: 128}           # what the OpenAI servers default to
 PASSED_HEADERS = ("authorization", "x-request-id")
+DEFAULT_MAX_REQUEST_BYTES = 64 << 20                  # as `radixkv serve --max-request-bytes`
 
 
 def _error(status: int, message: str, kind: str = "server_error") -> JSONResponse:
@@ -44,9 +52,14 @@ def _error(status: int, message: str, kind: str = "server_error") -> JSONRespons
 class Gateway:
     def __init__(self, urls: list[str], routing: Routing, tokens: Tokens, *,
                  health_interval: float = 2.0, scrape_interval: float = 0.5,
-                 failures_to_leave: int = 2, timeout: float = 600.0):
+                 failures_to_leave: int = 2, timeout: float = 600.0,
+                 client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
         if not urls:
             raise ValueError("the gateway needs at least one worker URL")
+        # what a client may take (server/guard.py): request bytes, seconds per body and write
+        self.client_timeout = positive_number(client_timeout, "client_timeout")
+        self.max_request_bytes = positive_int(max_request_bytes, "max_request_bytes")
         self.urls, self.routing, self.tokens = [u.rstrip("/") for u in urls], routing, tokens
         self.health_interval, self.scrape_interval = health_interval, scrape_interval
         self.failures_to_leave = failures_to_leave
@@ -212,8 +225,9 @@ class Gateway:
                 self._reported(content)
             return Response(content, resp.status_code,
                             media_type=resp.headers.get("content-type"))
-        return StreamingResponse(self._relay(resp, info, w.url), resp.status_code,
-                                 media_type=resp.headers.get("content-type", "text/event-stream"))
+        return ClosingStreamingResponse(
+            self._relay(resp, info, w.url), resp.status_code,
+            media_type=resp.headers.get("content-type", "text/event-stream"))
 
     async def _tokenize(self, body: dict, chat: bool) -> list[int] | Response:
         """The request's token ids, from the first healthy worker that answers (one that
@@ -292,6 +306,7 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
 
     app = FastAPI(title="radixkv route", lifespan=lifespan)
     app.state.gateway = gw
+    app.add_middleware(RequestGuard, max_bytes=gw.max_request_bytes, timeout=gw.client_timeout)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_, e: StarletteHTTPException):      # no such route, a wrong method

@@ -241,6 +241,10 @@ def test_health_checks_and_the_fleet_at_run_time():
       "http://127.0.0.1:1=udp://x"], "expected tcp://HOST:PORT"),
     (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin",
       "--approx-ttl", "0"], "--approx-ttl 0.0 is not a positive number"),
+    (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin",
+      "--client-timeout", "0"], "client_timeout must be a positive number, got 0.0"),
+    (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin",
+      "--max-request-bytes", "-5"], "max_request_bytes must be a positive"),
 ])
 def test_bad_command_lines_are_one_line(argv, message, capsys):
     assert main(argv) == 2
