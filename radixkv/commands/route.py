@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from radixkv.commands.serve import add_client_limit_flags
 from radixkv.router import ROUTERS
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
 
@@ -42,13 +43,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--health-interval", type=float, default=2.0, metavar="S",
                    help="seconds between health checks of each worker (default: 2)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="randomised routers (default: 0)")
-    p.add_argument("--client-timeout", type=float, default=30.0, metavar="S",
-                   help="seconds a client has to send a request's headers, then its body "
-                        "(else 408), and to take each piece of a response (else it is dropped "
-                        "and its upstream request closed) (default: 30)")
-    p.add_argument("--max-request-bytes", type=int, default=64 << 20, metavar="N",
-                   help="the largest request body; a larger one is answered 413 before it is "
-                        "parsed or sent on (default: 67108864, 64 MiB)")
+    add_client_limit_flags(p, "its upstream request closed")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port; 0 picks a free one (default: 30000)")
     p.add_argument("--log-level", default="warning",

@@ -74,13 +74,7 @@ def register(subparsers: Any) -> None:
                         "requests need a key; each tenant's prefixes live in its own namespace")
     g.add_argument("--allow-client-cache-salt", action="store_true",
                    help="honour a request's cache_salt (inside its tenant's namespace)")
-    g.add_argument("--client-timeout", type=float, default=30.0, metavar="S",
-                   help="seconds a client has to send a request's headers, then its body "
-                        "(else 408), and to take each piece of a response; a client that stops "
-                        "reading is dropped and its request aborted (default: 30)")
-    g.add_argument("--max-request-bytes", type=int, default=64 << 20, metavar="N",
-                   help="the largest request body; a larger one is answered 413 before it is "
-                        "parsed (default: 67108864, 64 MiB)")
+    add_client_limit_flags(g, "its request aborted")
     g.add_argument("--exit-on-engine-failure", action="store_true",
                    help="when the engine fails, answer the requests in flight with an error, "
                         "then exit with status 1 (for an orchestrator to restart it); without "
@@ -96,6 +90,21 @@ def register(subparsers: Any) -> None:
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default: warning)")
     p.set_defaults(func=run)
+
+
+def add_client_limit_flags(g, dropped: str) -> None:
+    """--client-timeout and --max-request-bytes (server/guard.py), for serve and route;
+    `dropped`: what happens to a dropped reader's request."""
+    from radixkv.server.guard import DEFAULT_CLIENT_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
+    g.add_argument("--client-timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT, metavar="S",
+                   help=f"seconds a client has to send a request's headers, then its body "
+                        f"(else 408), and to take each piece of a response; a client that stops "
+                        f"reading is dropped and {dropped} (default: {DEFAULT_CLIENT_TIMEOUT:g})")
+    g.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   metavar="N",
+                   help=f"the largest request body; a larger one is answered 413 before it is "
+                        f"parsed (default: {DEFAULT_MAX_REQUEST_BYTES}, "
+                        f"{DEFAULT_MAX_REQUEST_BYTES >> 20} MiB)")
 
 
 def flag_table(args: argparse.Namespace, cfg) -> dict:

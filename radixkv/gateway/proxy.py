@@ -32,8 +32,7 @@ from radixkv.gateway.metrics import GatewayMetrics
 from radixkv.gateway.tokens import TokenizeError, Tokens
 from radixkv.gateway.workers import Worker, check_health, discover, every, scrape
 from radixkv.router import RequestInfo
-from radixkv.server.connection import DEFAULT_CLIENT_TIMEOUT
-from radixkv.server.guard import RequestGuard
+from radixkv.server.guard import DEFAULT_CLIENT_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, RequestGuard
 from radixkv.server.updates import ClosingStreamingResponse
 from radixkv.validate import positive_int, positive_number
 
@@ -41,7 +40,6 @@ log = logging.getLogger(__name__)
 _ids = itertools.count()
 DEFAULT_MAX_TOKENS = {False: 16, True: 128}           # what the OpenAI servers default to
 PASSED_HEADERS = ("authorization", "x-request-id")
-DEFAULT_MAX_REQUEST_BYTES = 64 << 20                  # as `radixkv serve --max-request-bytes`
 
 
 def _error(status: int, message: str, kind: str = "server_error") -> JSONResponse:

@@ -14,6 +14,7 @@ from radixkv import __version__, env
 from radixkv.config import EngineConfig
 from radixkv.engine.engine import Engine
 from radixkv.kvevents.publisher import KVEventsConfig, make_publisher
+from radixkv.server.guard import DEFAULT_CLIENT_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 from radixkv.server.state import ServerState
 from radixkv.server.metrics import ServerMetrics
 from radixkv.server.tenants import Tenants
@@ -46,8 +47,8 @@ class ServeOptions:
     seed: int = 0
     tp: int | None = None                     # sim: the TP degree (default: the model spec's)
     profile: str | None = None                # sim: a `radixkv calibrate` profile for --model
-    client_timeout: float = 30.0              # s: request headers, body, each response write
-    max_request_bytes: int = 64 << 20         # a larger request body is answered 413
+    client_timeout: float = DEFAULT_CLIENT_TIMEOUT    # s: headers, body, each response write
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES   # a larger body is answered 413
 
     def __post_init__(self):
         choice(self.executor, "executor", EXECUTORS)

@@ -15,10 +15,9 @@ import json
 import logging
 
 from radixkv.server import protocol as P
-from radixkv.server.guard import ABORT_KEY
+from radixkv.server.guard import ABORT_KEY, DEFAULT_CLIENT_TIMEOUT
 
 log = logging.getLogger(__name__)
-DEFAULT_CLIENT_TIMEOUT = 30.0
 
 
 class _HeaderDeadline:

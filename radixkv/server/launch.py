@@ -13,7 +13,8 @@ import time
 
 import uvicorn
 
-from radixkv.server.connection import DEFAULT_CLIENT_TIMEOUT, guarded_protocol
+from radixkv.server.connection import guarded_protocol
+from radixkv.server.guard import DEFAULT_CLIENT_TIMEOUT
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from radixkv.sched.request import Request
 from radixkv.server import protocol as P
+from radixkv.server.guard import DEFAULT_CLIENT_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 from radixkv.server.tenants import AuthError, Tenants
 from radixkv.server.text import ChatTemplate
 from radixkv.server.worker import EngineWorker, Update
@@ -42,8 +43,8 @@ class ServerState:
     make_sampling: Callable[[P.SamplingFields, int], Any] | None = None   # torch executor only
     on_ready: Callable[[], Any] | None = None
     closers: list[Callable[[], Any]] = field(default_factory=list)   # run at shutdown
-    client_timeout: float = 30.0             # s: headers, body, each response write (guard.py)
-    max_request_bytes: int = 64 << 20        # a larger body is answered 413 unread
+    client_timeout: float = DEFAULT_CLIENT_TIMEOUT      # s: headers, body, response writes
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a larger body is answered 413 unread
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error",
