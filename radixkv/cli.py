@@ -14,7 +14,7 @@ from importlib import import_module
 from radixkv import __version__
 
 COMMANDS = ("compare", "simulate", "replay", "generate", "sweep", "serve", "bench-serve",
-            "four-way", "calibrate", "validate", "cluster", "tokenizer", "route")
+            "four-way", "calibrate", "validate", "cluster", "plan", "tokenizer", "route")
 
 
 class Parser(argparse.ArgumentParser):

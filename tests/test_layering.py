@@ -17,7 +17,7 @@ the package itself, which holds only `__version__`, is open to all). Read bottom
     kvevents/           KV events in vLLM's format: wire, publisher, subscriber index
     offline/            replay and simulation of a workload without a server
     router/             routing policies and the cluster simulator: never torch or the server
-    planning/           capacity curves
+    planning/           capacity curves, and the deployment search over cluster simulations
     calibration/        the real executor timed and compared with the simulator
     plots/              pictures
     server/             the HTTP server; never a router, the commands or the cli
@@ -59,7 +59,8 @@ ROOMS: dict[str, set[str]] = {
     "offline": {"engine", "sched", "cache", "config", "sim", "workloads"} | _CORE,
     "router": {"engine", "sched", "cache", "config", "sim", "kvevents", "offline",
                "workloads"} | _CORE,
-    "planning": {"offline", "engine", "sched", "cache", "config", "sim", "workloads"} | _CORE,
+    "planning": {"offline", "engine", "sched", "cache", "config", "sim", "workloads",
+                 "router"} | _CORE,
     "calibration": {"model", "sim", "engine", "sched", "cache", "config", "workloads",
                     "shapes"} | _CORE,
     "plots": {"engine", "planning", "router"} | _CORE,

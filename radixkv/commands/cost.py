@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from radixkv.commands.flags import RunConfig, configs_from_args, max_total_tokens
 from radixkv.engine.presets import EngineDefaults, engine_defaults
 from radixkv.sim.costmodel import CostModel
-from radixkv.sim.measured import MeasuredCostModel, named_cost
+from radixkv.sim.measured import MeasuredCostModel, named_replica
 from radixkv.sim.profile import ProfiledCostModel, load_profile
-from radixkv.sim.specs import kv_capacity_tokens
 from radixkv.validate import positive_int
 
 DEFAULT_MODEL, DEFAULT_GPU = "llama-3-8b", "h100-sxm"
@@ -60,19 +59,10 @@ def cost_from_args(args: argparse.Namespace) -> CostChoice:
                           cost.model_spec.kv_bytes_per_token_per_gpu)
     tp = None if args.tp is None else positive_int(args.tp, "--tp")
     model, gpu = args.model or DEFAULT_MODEL, args.gpu or DEFAULT_GPU
-    cost = named_cost(model, gpu, tp=tp, timing=args.timing or args.engine)
-    spec = cost.model_spec
-    if isinstance(cost, MeasuredCostModel):
-        mem = cost.table.kv_memory
-        capacity, gpu_bytes = cost.table.kv_capacity_tokens, mem["gpu_bytes"]
-        source = (f"{cost.table.backend} {cost.table.version} on {gpu}: "
-                  f"{mem['memory_fraction']:g} of {gpu_bytes / 2**30:.0f} GiB less "
-                  f"weights, activations and runtime reserve")
-    else:
-        capacity, gpu_bytes = kv_capacity_tokens(spec, cost.gpu), cost.gpu.hbm_bytes
-        source = f"0.9 of {gpu} memory less weights"
-    return CostChoice(cost, spec.name, gpu, spec.kv_bytes_per_token_per_gpu, capacity, source,
-                      gpu_bytes)
+    rep = named_replica(model, gpu, tp=tp, timing=args.timing or args.engine)
+    spec = rep.cost.model_spec
+    return CostChoice(rep.cost, spec.name, gpu, spec.kv_bytes_per_token_per_gpu,
+                      rep.kv_capacity, rep.kv_source, rep.gpu_bytes)
 
 
 def engine_from_args(args: argparse.Namespace, choice: CostChoice,

@@ -146,3 +146,30 @@ class EngineReport:
             "makespan_s": _finite(self.makespan),
             "steps": self.steps,
         }
+
+
+def itl_percentiles(timelines: Sequence[dict], qs: Sequence[float] = (50, 99)
+                    ) -> list[float | None]:
+    """Inter-token latency percentiles over every token of engines' runs, from their timelines:
+    a step's duration (the time since the engine's previous step ended) is the wait of every
+    request running before it for its next token, so it counts once for each of them; the
+    first step of a request (its first token, a TTFT) does not count, nor does idle time (no
+    request was running before it). None for each when no token waited."""
+    gaps, weights = [], []
+    for tl in timelines:
+        t = np.asarray(tl.get("t", ()), dtype=float)
+        running = np.asarray(tl.get("running", ()), dtype=float)
+        if len(t) > 1:
+            gaps.append(np.diff(t))
+            weights.append(running[:-1])
+    if not gaps:
+        return [None] * len(qs)
+    gap, w = np.concatenate(gaps), np.concatenate(weights)
+    keep = w > 0
+    gap, w = gap[keep], w[keep]
+    if not len(gap):
+        return [None] * len(qs)
+    order = np.argsort(gap, kind="stable")
+    gap, cum = gap[order], np.cumsum(w[order])
+    return [_finite(gap[min(np.searchsorted(cum, q / 100 * cum[-1]), len(gap) - 1)])
+            for q in qs]

@@ -65,6 +65,8 @@ class ReplicaView(NamedTuple):
     decode_tokens: int = 0      # output tokens those requests may still produce (their budgets)
     kv_used: int = 0            # KV slots in use (cached pages included)
     kv_capacity: int = 0        # KV slots of the replica (0: unknown)
+    link_free_at: float = 0.0   # a disaggregated prefill worker: when the KV transfers it has
+                                # queued are through its link (0: no link)
 
     @property
     def kv_usage(self) -> float:

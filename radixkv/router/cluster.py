@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from radixkv.config import EngineConfig
 from radixkv.engine.engine import Engine, request_from_trace
-from radixkv.engine.metrics import EngineReport, RequestRecord
+from radixkv.engine.metrics import EngineReport, RequestRecord, itl_percentiles
 from radixkv.offline.replay import collector_paused
 from radixkv.offline.simulate import logical_clock
 from radixkv.router import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
@@ -70,13 +70,15 @@ class Replica:
         self.busy = False                       # a step end is on the clock
         self.view = ReplicaView(kv_capacity=engine.config.kv_capacity)
         self.unprefilled = self.budget = 0      # prompt tokens / output budgets held
+        self.link = None                        # a prefill worker's KV link (router/disagg.py)
 
     def snapshot(self) -> None:
         e = self.engine
         held = len(self.infos)
         running = e.sched.num_admitted
         self.view = ReplicaView(held - running, running, self.unprefilled, self.budget,
-                                e.pool.used(), e.config.kv_capacity)
+                                e.pool.used(), e.config.kv_capacity,
+                                0.0 if self.link is None else self.link.free_at)
 
     def routed(self, req: Request, info: RequestInfo) -> None:
         self.engine.add_request(req)
@@ -87,6 +89,16 @@ class Replica:
         v = self.view
         self.view = v._replace(waiting=v.waiting + 1, prefill_tokens=self.unprefilled,
                                decode_tokens=self.budget)
+
+
+def merged_report(name: str, engines: Sequence[Engine], records: list[RequestRecord],
+                  makespan: float) -> EngineReport:
+    """Engines' work as one run over `records`: their evictions, counters, steps and KV."""
+    counters = [e.sched.counters for e in engines]
+    return EngineReport(name, records, sum(e.manager.evicted_tokens for e in engines),
+                        sum(c.retractions for c in counters), sum(c.held_back for c in counters),
+                        sum(c.lpm_fallbacks for c in counters), sum(e.steps for e in engines),
+                        makespan, sum(e.config.kv_capacity for e in engines), {})
 
 
 def request_info(req: Request, session: str | None) -> RequestInfo:
@@ -132,8 +144,9 @@ class Cluster:
                 rep.unprefilled -= req.prompt_len
                 router.on_ttft(r, info, req.first_token - req.arrival)
                 router.on_first_token(r, info)
+        chained = self._due.chain is not None
         for req in rep.finished:
-            if self._due.finished(self._pos[id(req)], req.finish_time) is not None:
+            if chained and self._due.finished(self._pos[id(req)], req.finish_time) is not None:
                 self._horizon = self._due.next_time()     # a session's next turn, released
             if req.rid in rep.awaiting:               # finished in the step of its prefill
                 del rep.awaiting[req.rid]
@@ -183,11 +196,7 @@ class Cluster:
         while True:
             t_arr = self._due.next_time()
             if self._clock and self._clock[0][0] <= t_arr:
-                t, _, r, _ = heapq.heappop(self._clock)
-                rep = self.replicas[r]
-                done = len(rep.finished)
-                self._deliver(rep)
-                self._step(rep, t)
+                done = self.step_end()
                 if progress is not None and done:
                     progress(done)
             elif self._due:
@@ -195,7 +204,7 @@ class Cluster:
                 req, session = requests[i]
                 req.arrival = t
                 self._horizon = self._due.next_time()
-                self._route(req, session)
+                self.route(req, session)
             else:
                 break
         stuck = [q for q, _ in requests if q.status is not Status.FINISHED]
@@ -203,7 +212,24 @@ class Cluster:
             raise RuntimeError(f"{len(stuck)} requests never finished, e.g. {stuck[0]!r}")
         return [q for q, _ in requests]
 
-    def _route(self, req: Request, session: str | None) -> None:
+    # ---- one event at a time (run, and a disaggregated cluster's two pools) --------------------
+    def next_step_end(self) -> float:
+        """When the earliest step end on the clock is due (inf: none is)."""
+        return self._clock[0][0] if self._clock else math.inf
+
+    def step_end(self) -> int:
+        """The earliest step end: the router hears it, the replica steps on; returns the
+        requests that finished there."""
+        t, _, r, _ = heapq.heappop(self._clock)
+        rep = self.replicas[r]
+        done = len(rep.finished)
+        self._deliver(rep)
+        self._step(rep, t)
+        return done
+
+    def route(self, req: Request, session: str | None) -> int:
+        """Route `req`, arrived now (its arrival), and send it to that replica; its index.
+        Quiet steps started here run up to `horizon`, the next moment a view may be read."""
         info = request_info(req, session)
         views = [rep.view for rep in self.replicas]
         r = self.router.route(info, views)
@@ -215,6 +241,15 @@ class Cluster:
         self.router.on_route(r, info)
         if not rep.busy:
             self._step(rep, req.arrival)
+        return r
+
+    @property
+    def horizon(self) -> float:
+        return self._horizon
+
+    @horizon.setter
+    def horizon(self, t: float) -> None:
+        self._horizon = t
 
     def report(self, name: str) -> EngineReport:
         """The replicas' requests as one run."""
@@ -222,12 +257,7 @@ class Cluster:
         recs = [RequestRecord.of(q) for e in engines for q in e.finished]
         first = min((q.arrival for e in engines for q in e.requests), default=0.0)
         last = max((q.finish_time for e in engines for q in e.finished), default=first)
-        counters = [e.sched.counters for e in engines]
-        return EngineReport(name, recs, sum(e.manager.evicted_tokens for e in engines),
-                            sum(c.retractions for c in counters),
-                            sum(c.held_back for c in counters),
-                            sum(c.lpm_fallbacks for c in counters), sum(e.steps for e in engines),
-                            last - first, sum(e.config.kv_capacity for e in engines), {})
+        return merged_report(name, engines, recs, last - first)
 
     def check(self) -> None:
         """Every replica's cache, pool and lock invariants."""
@@ -246,5 +276,8 @@ def run_cluster(workload, config: ClusterConfig, router: str, cost: StepCost,
         cluster.run(reqs, progress, arrivals)
     if check:
         cluster.check()
-    return cluster_result(router, cluster.report(router),
-                          [rep.engine.report() for rep in cluster.replicas])
+    res = cluster_result(router, cluster.report(router),
+                         [rep.engine.report() for rep in cluster.replicas])
+    res.details["itl_p50"], res.details["itl_p99"] = itl_percentiles(
+        [rep.engine.timeline for rep in cluster.replicas])
+    return res

@@ -10,6 +10,7 @@ from multiprocessing import get_context
 
 from radixkv.router import ROUTERS
 from radixkv.router.cluster import ClusterConfig, run_cluster
+from radixkv.router.disagg import DisaggConfig, run_disagg
 from radixkv.router.results import ClusterResult
 from radixkv.router.base import StepCost
 from radixkv.workloads.sessions import SessionArrivals
@@ -22,12 +23,23 @@ def _init_worker(workload) -> None:
     _WORKLOAD = workload
 
 
-def _job(config: ClusterConfig, router: str, cost: StepCost,
+def _job(config: ClusterConfig | DisaggConfig, router: str, cost: StepCost,
          arrivals: SessionArrivals | None) -> ClusterResult:
-    return run_cluster(_WORKLOAD, config, router, cost, arrivals=arrivals)
+    return run_one(_WORKLOAD, config, router, cost, arrivals)
 
 
-def run_routers(workload, config: ClusterConfig, routers: Sequence[str], cost: StepCost,
+def run_one(workload, config: ClusterConfig | DisaggConfig, router: str, cost: StepCost,
+            arrivals: SessionArrivals | None = None) -> ClusterResult:
+    """One router's run on a fresh cluster, aggregated or disaggregated."""
+    if isinstance(config, DisaggConfig):
+        if arrivals is not None:
+            raise ValueError("session arrivals are not simulated on a disaggregated cluster; "
+                             "its requests arrive at their trace times")
+        return run_disagg(workload, config, router, cost)
+    return run_cluster(workload, config, router, cost, arrivals=arrivals)
+
+
+def run_routers(workload, config: ClusterConfig | DisaggConfig, routers: Sequence[str], cost: StepCost,
                 workers: int | None = None,
                 done: Callable[[ClusterResult], object] | None = None,
                 arrivals: SessionArrivals | None = None) -> list[ClusterResult]:
@@ -41,7 +53,7 @@ def run_routers(workload, config: ClusterConfig, routers: Sequence[str], cost: S
     out: dict[str, ClusterResult] = {}
     if n <= 1:
         for name in routers:
-            out[name] = run_cluster(workload, config, name, cost, arrivals=arrivals)
+            out[name] = run_one(workload, config, name, cost, arrivals)
             if done is not None:
                 done(out[name])
         return [out[name] for name in routers]

@@ -14,7 +14,9 @@ say they were evicted). For each replica r the router predicts
   cost(r) = wait(r) + own(r) + work_weight * (1 + waiting(r)) * (own(r) - min over r' of own(r'))
 
 all priced by the cost model of one replica (radixkv.sim.costmodel); waiting(r) is the
-replica's published queue. wait + own is the predicted TTFT; the last term charges the prefill
+replica's published queue. On a disaggregated prefill worker the request's KV then waits for
+the transfers queued on the worker's link: the predicted TTFT is wait + own, or the moment the
+link is free, whichever is later (the transfer itself takes as long from any worker). wait + own is the predicted TTFT; the last term charges the prefill
 a replica would recompute beyond the best placement, once per request it delays: this one and,
 by Little's law, about as many later ones as are queued there now (work_weight 0: TTFT alone).
 Ties go to the longer held prefix, then the shorter queue, then the lower index.
@@ -159,6 +161,9 @@ class RadixKVRouter(Router):
         w, dw = self.options.work_weight, self.options.decode_weight
         dec = [self.decode_time(request, v) for v in replicas] if dw else [0.0] * self.n
         fastest = min(dec)
+        if any(v.link_free_at for v in replicas):       # disaggregated: the KV waits its link
+            pred = [p._replace(ttft=max(p.ttft, v.link_free_at - request.arrival))
+                    for p, v in zip(pred, replicas)]
         if self.fit is None:
             least = min(p.own for p in pred)
             self._last = (request.rid, hashes, [])
@@ -168,6 +173,8 @@ class RadixKVRouter(Router):
                 -pred[r].hit_tokens, replicas[r].queue_len, r))
         xs = [self.features(r, request, pred[r], replicas[r]) for r in range(self.n)]
         ttft = [self.fit.predict(x) for x in xs]
+        if any(v.link_free_at for v in replicas):
+            ttft = [max(t, v.link_free_at - request.arrival) for t, v in zip(ttft, replicas)]
         theta = self.fit.theta                  # the prefill's price: its step time and tokens
         work = [theta[1] * x[1] + theta[2] * x[2] for x in xs]
         least = min(work)

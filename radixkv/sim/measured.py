@@ -21,9 +21,10 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from radixkv.sim.costmodel import _check_contexts, _check_segments
-from radixkv.sim.specs import GPUSpec, ModelSpec
+from radixkv.sim.specs import GPUSpec, ModelSpec, kv_capacity_tokens
 from radixkv.sim.tables import (CTX_NEW, CTX_PREFIX, DEC_BATCH, DEC_CTX, TOKENS, TimingTable)
 from radixkv.validate import finite_at_least
 
@@ -182,3 +183,26 @@ def named_cost(model: str, gpu: str, tp: int | None = None, timing: str | None =
     aic_model, system, version = hit
     table = load_table(aic_model, system, choice.backend, version, roof.model_spec.tp)
     return MeasuredCostModel(roof.model_spec, roof.gpu, table)
+
+
+class NamedReplica(NamedTuple):
+    """A named model on a named GPU at a TP degree: its step prices and the KV pool the engine
+    would allocate there."""
+    cost: Any                     # MeasuredCostModel, or the roofline CostModel
+    kv_capacity: int              # tokens
+    kv_source: str                # how kv_capacity was reached
+    gpu_bytes: int
+
+
+def named_replica(model: str, gpu: str, tp: int | None = None,
+                  timing: str | None = None) -> NamedReplica:
+    cost = named_cost(model, gpu, tp=tp, timing=timing)
+    if isinstance(cost, MeasuredCostModel):
+        mem = cost.table.kv_memory
+        gpu_bytes = mem["gpu_bytes"]
+        return NamedReplica(cost, cost.table.kv_capacity_tokens,
+                            f"{cost.table.backend} {cost.table.version} on {gpu}: "
+                            f"{mem['memory_fraction']:g} of {gpu_bytes / 2**30:.0f} GiB less "
+                            f"weights, activations and runtime reserve", gpu_bytes)
+    return NamedReplica(cost, kv_capacity_tokens(cost.model_spec, cost.gpu),
+                        f"0.9 of {gpu} memory less weights", cost.gpu.hbm_bytes)
