@@ -105,19 +105,23 @@ def computed_output(r: TraceRequest, filler: int) -> tuple[Any, int]:
 def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector off for a simulation: a loaded trace holds tens of millions
     of token ids in tuples and lists, which every full collection walks (half the time of a
-    Mooncake run with KV events). What the simulation dropped in cycles (trees, engines and
-    their clusters, unreachable once its caller returns) is collected as the next one starts:
-    left for the collector's own schedule, a process running simulation after simulation grew
-    by one simulation's memory each time."""
+    Mooncake run with KV events); what a simulation drops, reference counting frees, except
+    its cycles (trees, engines and their clusters): a caller running whole simulations one
+    after another in one process collects them (`collect_simulation`)."""
     was = gc.isenabled()
-    if was:
-        gc.collect()
     gc.disable()
     try:
         yield
     finally:
         if was:
             gc.enable()
+
+
+def collect_simulation() -> None:
+    """Free the cycles of the simulations that ended: left to the collector's own schedule,
+    which the paused collector put off, a process running simulation after simulation grew by
+    one simulation's memory each time."""
+    gc.collect()
 
 
 def replay(requests: Iterable[TraceRequest], cache: PrefixCache, capacity: int | None = None,

@@ -10,6 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from typing import NamedTuple
 
+from radixkv.offline.replay import collect_simulation
 from radixkv.planning.space import Candidate, Setting
 from radixkv.router.compare import run_one
 from radixkv.workloads import TraceRequest
@@ -44,6 +45,7 @@ def simulate(requests: Sequence[TraceRequest], setting: Setting, job: Job) -> Ou
     cand = dataclasses.replace(cand, family=fam)
     cost = setting.replica(fam.gpu, fam.tp).cost
     res = run_one(at_load(requests, job.load), setting.config(cand), fam.router, cost)
+    collect_simulation()
     d = res.details
     return Outcome(res.ttft_p99, d.get("itl_p99"), res.e2e_p99, res.hit_rate,
                    d.get("makespan_s") or 0.0)

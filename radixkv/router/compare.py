@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 
+from radixkv.offline.replay import collect_simulation
 from radixkv.router import ROUTERS
 from radixkv.router.cluster import ClusterConfig, run_cluster
 from radixkv.router.disagg import DisaggConfig, run_disagg
@@ -25,7 +26,9 @@ def _init_worker(workload) -> None:
 
 def _job(config: ClusterConfig | DisaggConfig, router: str, cost: StepCost,
          arrivals: SessionArrivals | None) -> ClusterResult:
-    return run_one(_WORKLOAD, config, router, cost, arrivals)
+    res = run_one(_WORKLOAD, config, router, cost, arrivals)
+    collect_simulation()                   # a worker runs router after router
+    return res
 
 
 def run_one(workload, config: ClusterConfig | DisaggConfig, router: str, cost: StepCost,
@@ -54,6 +57,7 @@ def run_routers(workload, config: ClusterConfig | DisaggConfig, routers: Sequenc
     if n <= 1:
         for name in routers:
             out[name] = run_one(workload, config, name, cost, arrivals)
+            collect_simulation()
             if done is not None:
                 done(out[name])
         return [out[name] for name in routers]

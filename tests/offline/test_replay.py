@@ -204,26 +204,3 @@ def test_capacity_in_scientific_notation():
         with pytest.raises(ValueError, match=msg):
             parse_capacity(bad)
 
-
-def test_a_simulation_starts_by_collecting_the_last_ones_cycles():
-    # regression: with the collector paused during each run, a process running simulation
-    # after simulation (radixkv plan's workers) kept every earlier one's trees and engines
-    import gc
-    import weakref
-
-    from radixkv.offline.replay import collector_paused
-
-    class Node:
-        pass
-    gc.disable()                             # no automatic collection before the check
-    try:
-        a, b = Node(), Node()
-        a.other, b.other = b, a              # a cycle: reference counting never frees it
-        gone = weakref.ref(a)
-        del a, b
-        assert gone() is not None
-    finally:
-        gc.enable()
-    with collector_paused():
-        assert gone() is None and not gc.isenabled()
-    assert gc.isenabled()

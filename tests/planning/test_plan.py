@@ -387,3 +387,33 @@ def test_launch_lines_name_the_deployment():
     assert any("--disaggregation-mode prefill" in line for line in dis)
     assert any("--disaggregation-mode decode" in line for line in dis)
     assert "NixlConnector" in dis[1]
+
+
+def test_runs_in_one_process_do_not_keep_each_others_cycles():
+    # regression: with the collector paused during each run, a process running simulation
+    # after simulation (radixkv plan's workers) kept every earlier one's trees and engines
+    import gc
+    import weakref
+
+    from radixkv.planning.runner import Job, simulate
+    from radixkv.planning.space import Candidate, Family, Setting
+    from radixkv.router import cluster
+
+    made = []
+    real = cluster.Cluster.__init__
+
+    def spy(self, *a, **kw):
+        real(self, *a, **kw)
+        made.append(weakref.ref(self))
+    cluster.Cluster.__init__ = spy
+    try:
+        requests = list(make_workload("support", num_users=3, turns=2, rate=4.0))
+        fam = Family("aggregated", "h100-sxm", 1, 1.0, "radix", 16, "lru", "fcfs", "radixkv")
+        gc.disable()                          # only the run's own collection may free them
+        try:
+            simulate(requests, Setting("llama-3-8b"), Job(Candidate(fam, replicas=2)))
+            assert len(made) == 1 and made[0]() is None
+        finally:
+            gc.enable()
+    finally:
+        cluster.Cluster.__init__ = real
