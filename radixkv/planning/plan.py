@@ -18,7 +18,7 @@ is given), so that different GPUs compare.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from radixkv.planning.bounds import Bounds
@@ -181,10 +181,7 @@ def same_run(c: Candidate) -> Candidate:
     one = c.prefill == 1 if c.family.disaggregated else c.replicas == 1
     if not one or c.family.router == "round-robin":
         return c
-    f = c.family
-    fam = Family(f.mode, f.gpu, f.tp, f.kv_fraction, f.cache, f.page_size, f.eviction,
-                 f.schedule, "round-robin")
-    return Candidate(fam, c.replicas, c.prefill, c.decode)
+    return replace(c, family=replace(c.family, router="round-robin"))
 
 
 def _run_once(run: Callable[[Sequence[Job]], list[Outcome]], cands: Sequence[Candidate],

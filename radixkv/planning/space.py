@@ -10,7 +10,7 @@ queue order and the router; a candidate adds the replica counts, and costs its G
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from radixkv.cache.config import CacheConfig
@@ -59,8 +59,7 @@ class Family:
                 f"{self.schedule} {self.router}")
 
     def with_cache(self, cache: str) -> Family:
-        return Family(self.mode, self.gpu, self.tp, self.kv_fraction, cache, self.page_size,
-                      "lru" if cache != "radix" else self.eviction, self.schedule, self.router)
+        return replace(self, cache=cache, eviction=self.eviction if cache == "radix" else "lru")
 
 
 @dataclass(frozen=True, order=True)

@@ -83,9 +83,6 @@ class DisaggConfig:
     def decode_pool(self) -> ClusterConfig:
         return ClusterConfig(self.decode, self.decode_replicas, self.seed)
 
-    def context(self, cost: StepCost):
-        return self.prefill_pool().context(cost)
-
 
 def decode_engine(cfg: EngineConfig) -> EngineConfig:
     """A decode worker's engine over the same pool and cache: every prompt it admits joins the
@@ -243,7 +240,7 @@ def run_disagg(workload, config: DisaggConfig, router: str, cost: StepCost, opti
         cluster.check()
     res = cluster_result(router, cluster.report(router, twins),
                          [rep.engine.report() for rep in cluster.pre.replicas])
-    res.details["itl_p50"], res.details["itl_p99"] = itl_percentiles(
-        [rep.engine.timeline for rep in cluster.dec.replicas])
-    res.details["pools"] = cluster.pools(twins)
+    pools = res.details["pools"] = cluster.pools(twins)
+    res.details["itl_p50"], res.details["itl_p99"] = (pools["decode"]["itl_p50"],
+                                                      pools["decode"]["itl_p99"])
     return res
