@@ -20,7 +20,7 @@ from typing import Any, Callable, Hashable, Iterable, NamedTuple, Protocol
 
 import numpy as np
 
-from radixkv.cache.events import KVEvent
+from radixkv.cache.events import EventRun, KVEvent
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS, as_slots
 from radixkv.validate import an_int, count, positive_int
@@ -191,6 +191,12 @@ class PrefixCache(ABC):
     def take_events(self) -> list[KVEvent]:
         """KV events since the last call (empty unless the cache was built with events on)."""
         return []
+
+    def take_event_runs(self) -> list[KVEvent | EventRun]:
+        """take_events(), as the cache records them: an EventRun per run of pages where the
+        cache keeps runs (RadixCache), else its KVEvents. For a consumer that can take runs
+        whole (KVIndex.apply_kv); events.run_pages gives the KVEvents."""
+        return self.take_events()
 
     def page_hashes(self) -> set[int]:
         """The chained hashes of every page the cache holds now: what a subscriber applying

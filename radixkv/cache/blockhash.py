@@ -34,13 +34,13 @@ and two arrays (first copy, child count) that a path's or an eviction's nodes re
 A handle is a `Chain` of block ids and registration serials; `Block`s are made when read.
 
 Walks. A request's match and inserts walk one prefix, so the last walk (its pages and trie
-path) is kept and resumed. Evicting a block leaves its node in place (bare, when it has no
-child either); bare nodes are dropped in batches, once there are more of them than cached
-blocks, so content evicted and computed again finds its node. Only that pruning removes
-nodes, and it cuts the kept path's dropped tail (a dropped node has no child, so the dropped
-nodes of a path are its last ones). Reference counts live with the handles in
-cache/blockhash_handles.py; events, inspection, stats and `check_invariants` in
-cache/blockhash_check.py.
+path, and the path as an int64 array, converted only where the list grew) is kept and
+resumed. Evicting a block leaves its node in place (bare, when it has no child either); bare
+nodes are dropped in batches, once there are more of them than cached blocks, so content
+evicted and computed again finds its node. Only that pruning removes nodes, and it cuts the
+kept path's dropped tail (a dropped node has no child, so the dropped nodes of a path are its
+last ones). Reference counts live with the handles in cache/blockhash_handles.py; events,
+inspection, stats, an insert's full check and `check_invariants` in cache/blockhash_check.py.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ from radixkv.cache.blockhash_handles import Block, BlockLocks, BlockViews, Chain
 from radixkv.cache.events import KVEvent, check_hash_algo, removed_events
 from radixkv.cache.free_queue import FreeQueue
 from radixkv.cache.key import RadixKey
-from radixkv.cache.pool import EMPTY_SLOTS
+from radixkv.cache.pool import EMPTY_SLOTS, page_slots
 
 _versions = itertools.count(1)          # match stamps, unique across caches and resets
 _NO_IDS = np.zeros(0, np.int64)
@@ -72,7 +72,6 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
         self.block_size = block_size
         self.hash_algo, self.enable_events = check_hash_algo(hash_algo), enable_events
         self._row = np.dtype((np.void, block_size * _TOKEN.itemsize))   # one block of key.buf
-        self._offsets = np.arange(block_size, dtype=np.int64)          # a block's slots past its first
         self._events: list[KVEvent] = []
         # per block id, grown on demand and never shrunk (a handle's ids always index them)
         self._node = np.full(1024, -1, np.int64)      # its content node; -1: not cached
@@ -101,7 +100,8 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
         self._roots: dict[tuple, int] = {}        # namespace -> root node
         self._views: dict[int, Block] = {}        # block id -> its Block, once one was read
         self._nblocks = self.duplicate_blocks = self.peak_blocks = 0
-        self._walked: tuple = (RadixKey(), [], [], -1)      # last walk: key, pages, path, drops
+        # last walk: key, pages, path, drops, and a prefix of path as an int64 array
+        self._walked: tuple = (RadixKey(), [], [], -1, _NO_IDS)
         self._version = next(_versions)                     # changes whenever a match could
         self._drops += 1
         if self.enable_events:
@@ -114,12 +114,13 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
         (through nodes with no cached copy). Both resume the previous walk over the whole
         blocks `key` shares with it (a request's match and inserts walk one prefix); nodes
         leave the trie only when bare ones are pruned, and _prune trims the kept path then."""
-        bs, (last, pages, path, drops) = self.block_size, self._walked
+        bs, (last, pages, path, drops, arr) = self.block_size, self._walked
         row, kb = self._row, key.buf
         m = (len(last) if kb.startswith(last.buf) else key.shared(last)) // bs   # no copy: a prefix
         whole = len(kb) // row.itemsize
         pages = pages[:m] + np.frombuffer(kb, row, whole - m, m * row.itemsize).tolist()
-        path = path[:m] if drops == self._drops and last.namespace == key.namespace else []
+        kept = drops == self._drops and last.namespace == key.namespace
+        path, arr = (path[:m], arr[:m]) if kept else ([], _NO_IDS)
         node = path[-1] if path else self._roots.get(key.namespace)
         if node is not None and len(path) < len(pages):
             kids, pg, append = self._kids, self._page, path.append
@@ -134,16 +135,25 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
                 else:
                     break
                 append(node)
-        self._walked = (key, pages, path, self._drops)
+        self._walked = (key, pages, path, self._drops, arr)
         return pages, path
+
+    def _path_ids(self) -> np.ndarray:
+        """The kept walk's path as an int64 array; only nodes the array lacks are converted."""
+        last, pages, path, drops, arr = self._walked
+        if len(arr) < len(path):
+            tail = np.fromiter(itertools.islice(path, len(arr), None), np.int64,
+                               len(path) - len(arr))
+            arr = np.concatenate([arr, tail]) if len(arr) else tail
+            self._walked = (last, pages, path, drops, arr)
+        return arr
 
     def _match(self, key: RadixKey, split: bool) -> MatchResult:
         """Hit blocks of `key`, up to the first block with no cached copy. Changes nothing but
         the walk memo."""
-        path = self._walk(key)[1]
-        if not path:
+        if not self._walk(key)[1]:
             return MatchResult(0, EMPTY_SLOTS, self._chain(_NO_IDS))
-        ids = self._first[path]
+        ids = self._first[self._path_ids()]
         gone = ids < 0
         if gone.any():
             ids = ids[:gone.argmax()]
@@ -158,7 +168,7 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
     def _slots(self, ids: np.ndarray) -> np.ndarray:
         if not len(ids):
             return EMPTY_SLOTS
-        return ((ids * self.block_size)[:, None] + self._offsets).ravel()
+        return page_slots(ids, self.block_size)
 
     def _chain(self, ids: np.ndarray) -> Chain:
         return Chain(self, ids, self._serial[ids], self._drops)
@@ -182,9 +192,8 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
         bs = self.block_size
         nfull = len(key.buf) // self._row.itemsize
         ids = slots[:nfull * bs:bs] // bs
-        # whole blocks: each row is its block's first slot plus 0 .. bs - 1
-        if nfull and not (slots[:nfull * bs].reshape(nfull, bs) - (ids * bs)[:, None]
-                          == self._offsets).all():
+        # whole blocks: each run of bs slots is its block's first slot plus 0 .. bs - 1
+        if nfull and not (page_slots(ids, bs) == slots[:nfull * bs]).all():
             raise ValueError(f"slots are not whole blocks of {bs} (first: {slots[:bs].tolist()})")
         try:
             held = self._node[ids]
@@ -198,10 +207,11 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
         fresh, r = added.tolist(), nfull - len(new)
         # each block either new or registered on its own path node (those are distinct), and
         # no new id twice: else the full check names the first fault as it always has. The
-        # usual shape, registered blocks first, is read off two list comparisons.
-        ordered = r <= known and (r == nfull or new[0] == r) and held[:r].tolist() == path[:r]
+        # usual shape, registered blocks first, is read off two comparisons.
+        ordered = r <= known and (r == nfull or new[0] == r) and (
+            r == 0 or bool((held[:r] == self._path_ids()[:r]).all()))
         if not ordered:
-            on_path = np.array(path, np.int64)
+            on_path = self._path_ids()
             if len(new) + int(np.count_nonzero(held[:known] == on_path)) != nfull:
                 self._reject(ids, held, path)
         if len(set(fresh)) != len(fresh):
@@ -209,14 +219,14 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
         if len(new):
             # known content: one more copy (ordered: the new blocks before the path's end)
             again = np.arange(r, known) if ordered else new[:np.searchsorted(new, known)]
-            nodes = np.array(path[r:known], np.int64) if ordered else on_path[again]
+            nodes = self._path_ids()[r:known] if ordered else on_path[again]
             if len(again):
                 self._copy(nodes, ids[again])
             if known < nfull:                                 # new content: a chain of new nodes
                 parent = path[-1] if path else self._root(key.namespace)
-                made = self._add_nodes(parent, pages[known:], fresh[len(again):])
-                path += made                                  # extends the walk memo too
-                nodes = np.concatenate([nodes, made]) if len(again) else made
+                made, ma = self._add_nodes(parent, pages[known:], added[len(again):])
+                self._grown(path, made, ma)                   # the walk memo reaches them too
+                nodes = np.concatenate([nodes, ma]) if len(again) else ma
             self._node[added] = nodes
             s = self._next_serial
             self._serial[added] = np.arange(s, s + len(added))
@@ -244,26 +254,23 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
                 self._dups.setdefault(n, []).append(bid)
                 self.duplicate_blocks += 1
 
-    def _reject(self, ids: np.ndarray, held: np.ndarray, path: list[int]) -> None:
-        """The insert's checks in full, in their order: raise naming the first fault."""
-        ordered = np.sort(ids)
-        twice = ordered[1:][ordered[1:] == ordered[:-1]]
-        if len(twice):
-            raise ValueError(f"insert lists block {int(twice[0])} twice")
-        want = np.full(len(ids), -1, np.int64)
-        want[:len(path)] = path
-        bad = (held >= 0) & (held != want)                    # a registered id, other content
-        raise ValueError(f"block {int(ids[bad.argmax()])} is already registered with other content")
-
     def _root(self, ns: tuple) -> int:
         if ns not in self._roots:
-            self._roots[ns] = self._add_nodes(-1, [ns], [-1])[0]
+            self._roots[ns] = self._add_nodes(-1, [ns], [-1])[0][0]
         return self._roots[ns]
 
-    def _add_nodes(self, parent: int, pages: list, firsts: list[int]) -> list[int]:
+    def _grown(self, path: list[int], made: list[int], ma: np.ndarray) -> None:
+        """Extend the kept walk's path (and its array, when complete) by new nodes."""
+        last, pages, kept, drops, arr = self._walked
+        if len(arr) == len(path):
+            self._walked = (last, pages, kept, drops, np.concatenate([arr, ma]) if len(arr) else ma)
+        path += made
+
+    def _add_nodes(self, parent: int, pages: list, firsts) -> tuple[list[int], np.ndarray]:
         """New nodes, one per page, each the next one's parent, the first under `parent` (-1:
         a root, whose page is its namespace); firsts: their first copies. Dropped ids are
-        reused first; fresh ones are appended to the columns in bulk."""
+        reused first; fresh ones are appended to the columns in bulk. Returns the ids as a
+        list and as an int64 array."""
         k, free, top = len(pages), self._free_nodes, len(self._parent)
         if free:
             reused = free[:-min(k, len(free)) - 1:-1]
@@ -293,11 +300,12 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
             extra = max(len(self._first), len(self._parent) - len(self._first))
             self._first = np.concatenate([self._first, np.full(extra, -1, np.int64)])
             self._nk = np.concatenate([self._nk, np.zeros(extra, np.int32)])
-        at = made if r else slice(top, top + k)              # fresh ids: one slice
+        ma = np.array(made, np.int64) if r else np.arange(top, top + k)
+        at = ma if r else slice(top, top + k)                # fresh ids: one slice
         self._first[at] = firsts
         self._nk[at] = 1
         self._nk[made[-1]] = 0
-        return made
+        return made, ma
 
     def _grow(self, max_id: int) -> None:
         """Make the per-block-id arrays cover `max_id`."""
@@ -324,20 +332,22 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
                     first[n] = more.pop(0) if more else -1
                 if more == []:
                     del dups[n]
+            bare = nodes[(first[nodes] < 0) & (self._nk[nodes] == 0)]
         else:                                     # every cached block is its node's first copy
-            first[nodes] = -1
+            first[nodes] = -1                     # and its only one: each node is left bare
+            bare = nodes[self._nk[nodes] == 0]    # unless it has a child
         if self.enable_events:
             self._events += removed_events(map(self._hash.__getitem__, nodes.tolist()))
         if self._views:
             for bid in victims.tolist():
                 self._views.pop(bid, None)
         # no copy and no child: pruned later, unless its content comes back first
-        self._bare += nodes[(first[nodes] < 0) & (self._nk[nodes] == 0)].tolist()
+        self._bare += bare.tolist()
         self._node[victims], self._serial[victims] = -1, 0
         self._nblocks -= len(victims)
-        last, pages, path, drops = self._walked
+        last, pages, path, drops, arr = self._walked
         if drops == self._drops:                  # no node left the trie: the walk still holds
-            self._walked = (last, pages, path, drops + 1)
+            self._walked = (last, pages, path, drops + 1, arr)
         self._version, self._drops = next(_versions), self._drops + 1
         if len(self._bare) > max(_PRUNE_AT, _PRUNE_SHARE * self._nblocks):
             self._prune()
@@ -368,11 +378,11 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
                     break
                 n = parent
         self._bare = []
-        last, pages, path, drops = self._walked
+        last, pages, path, drops, arr = self._walked
         j = len(path)                             # a dropped node has no child: the dropped
         while j and pg[path[j - 1]] is None:      # nodes of a path are its last ones
             j -= 1
-        self._walked = (last, pages, path[:j], drops)
+        self._walked = (last, pages, path[:j], drops, arr[:j])
 
     # ---- sizes and stats ------------------------------------------------------------------
     def evictable_size(self) -> int:

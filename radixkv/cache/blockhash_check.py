@@ -1,8 +1,8 @@
-"""The block-hash cache's reports and invariant check: its KV events ("stored" ones hashing new
-content as it comes), orphan and duplicate counts, the free queue in order, the page hashes a
-subscriber would hold, and `check_invariants`, which also checks that the kept walk
-(cache/blockhash.py) is exactly what a walk from the root finds. `BlockChecks` is a part of
-`BlockHashCache`, reading its columns and arrays."""
+"""The block-hash cache's reports and checks: its KV events ("stored" ones hashing new content
+as it comes), orphan and duplicate counts, the free queue in order, the page hashes a
+subscriber would hold, an insert's full check (`_reject`) and `check_invariants`, which also
+checks that the kept walk (cache/blockhash.py) is exactly what a walk from the root finds.
+`BlockChecks` is a part of `BlockHashCache`, reading its columns and arrays."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,6 +29,17 @@ class BlockChecks:
         kb, rb, tokens = key.buf, self._row.itemsize, token_struct(self.block_size).unpack_from
         self._events += [new_event(KVEvent, ("stored", h[path[i]], h.get(path[i - 1]) if i else None,
                                              tokens(kb, i * rb), ns)) for i in positions]
+
+    def _reject(self, ids: np.ndarray, held: np.ndarray, path: list[int]) -> None:
+        """The insert's checks in full, in their order: raise naming the first fault."""
+        ordered = np.sort(ids)
+        twice = ordered[1:][ordered[1:] == ordered[:-1]]
+        if len(twice):
+            raise ValueError(f"insert lists block {int(twice[0])} twice")
+        want = np.full(len(ids), -1, np.int64)
+        want[:len(path)] = path
+        bad = (held >= 0) & (held != want)                    # a registered id, other content
+        raise ValueError(f"block {int(ids[bad.argmax()])} is already registered with other content")
 
     def take_events(self) -> list[KVEvent]:
         ev, self._events = self._events, []
@@ -95,8 +106,9 @@ class BlockChecks:
         assert self._nblocks == len(cached), f"count {self._nblocks} != {len(cached)} cached"
         assert all(v.cached() for v in self._views.values()), "a view of an evicted block"
         # the kept walk, while it counts as current, is the walk a fresh lookup would make
-        last, pages, path, drops = self._walked
+        last, pages, path, drops, arr = self._walked
         assert len(pages) == len(last) // self.block_size, "the kept walk's pages are not its key's"
+        assert arr.tolist() == path[:len(arr)], "the kept walk's array is not a prefix of its path"
         if drops == self._drops:
             want = self._walk_from_root(last.namespace, pages)
             assert path == want, f"the kept walk {path} != {want} walked afresh"

@@ -199,16 +199,19 @@ class BlockLocks:
         ours = isinstance(chain, Chain) and chain.cache is self
         if ours and chain.drops == self._drops:
             return                                            # nothing dropped since: all cached
-        if isinstance(chain, Chain):
-            ids, serials = chain.ids, chain.serials
+        if ours:                                  # its ids index the arrays (never shrunk)
+            stale = len(chain.ids) and (self._serial[chain.ids] != chain.serials).any()
+        elif isinstance(chain, Chain):
+            stale = len(chain.ids) > 0
         elif isinstance(chain, tuple) and all(isinstance(b, Block) for b in chain):
             ids = np.fromiter((b.id for b in chain), np.int64, len(chain))
             serials = np.fromiter((b.serial for b in chain), np.int64, len(chain))
-            ours = all(b.cache is self for b in chain)
+            stale = len(ids) and (not all(b.cache is self for b in chain)
+                                  or not (ids < len(self._serial)).all()
+                                  or (self._serial[ids] != serials).any())
         else:
             raise TypeError(f"expected a Chain or a tuple of Blocks from match_prefix, got {chain!r}")
-        if len(ids) and (not ours or not (ids < len(self._serial)).all()
-                         or (self._serial[ids] != serials).any()):
+        if stale:
             bad = next(b for b in chain if b.cache is not self or not b.cached())
             raise ValueError(f"{bad!r} is no longer cached (evicted or foreign)")
         if isinstance(chain, Chain):

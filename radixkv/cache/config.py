@@ -45,7 +45,7 @@ class CacheConfig:
     enable_events: bool = False
 
     def __post_init__(self):
-        from radixkv.cache.events import HASH_ALGOS
+        from radixkv.cache.events import EVENT_HASHES
         from radixkv.cache.factory import CACHES
         from radixkv.cache.host_tier import WRITE_POLICIES
         from radixkv.cache.policies import EVICTION_POLICIES
@@ -54,7 +54,7 @@ class CacheConfig:
         positive_int(self.page_size, "CacheConfig.page_size")     # the cache's own wording
         fields_at_least(self, "slru_threshold")
         field_choice(self, "eviction", "eviction policy", EVICTION_POLICIES)
-        field_choice(self, "hash_algo", "hash", HASH_ALGOS)
+        field_choice(self, "hash_algo", "hash", EVENT_HASHES)
         field_choice(self, "evict_granularity", "evict granularity", EVICT_GRANULARITIES)
         field_choice(self, "host_write_policy", "host write policy", WRITE_POLICIES)
         fields_at_least(self, "max_pinned_tokens", "host_kv_tokens", lo=0)

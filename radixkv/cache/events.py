@@ -13,13 +13,16 @@ from typing import Iterable, Literal, NamedTuple
 
 import xxhash
 
+from radixkv.cache.key import TOKEN_BYTES, token_struct
+from radixkv.cache.sim_hash import SIM_HASH, sim64_chain
 from radixkv.validate import choice
 
-HASH_ALGOS = ("sha256", "xxhash")
+HASH_ALGOS = ("sha256", "xxhash")            # what a user chooses: hashes the peers publish too
+EVENT_HASHES = HASH_ALGOS + (SIM_HASH,)      # and the in-process one (cache/sim_hash.py)
 
 
 def check_hash_algo(name: str) -> str:
-    return choice(name, "hash", HASH_ALGOS)
+    return choice(name, "hash", EVENT_HASHES)
 
 
 @lru_cache(maxsize=4096)
@@ -31,6 +34,9 @@ def _namespace_bytes(namespace: tuple) -> bytes:
 def chain_hash(parent: int | None, namespace: tuple, packed_tokens: bytes, algo: str = "sha256") -> int:
     """64-bit block hash of (parent hash, namespace, packed uint32 token ids)."""
     head = (b"\x00" * 8 if parent is None else parent.to_bytes(8, "little")) + _namespace_bytes(namespace)
+    if algo == SIM_HASH:
+        return sim64_chain(parent, _namespace_bytes(namespace), packed_tokens,
+                           len(packed_tokens) // 4)[0]
     payload = len(head).to_bytes(4, "little") + head + packed_tokens
     if algo == "sha256":
         return int.from_bytes(hashlib.sha256(payload).digest()[:8], "little")
@@ -42,6 +48,9 @@ def chain_hashes(parent: int | None, namespace: tuple, pages: list[bytes], algo:
     """chain_hash down a run of pages, each chained on the one before (the first on `parent`):
     the same values, each looked up in the process's memo first. The first page mixes in
     `first` instead of `namespace` when given (a block chain salts its first block only)."""
+    if algo == SIM_HASH:
+        return chain_run(parent, namespace, b"".join(pages), len(pages[0]) // 4 if pages else 1,
+                         algo, first)
     out: list[int] = []
     if first is not None and pages:
         parent = _memo(parent, first, pages[0], algo)
@@ -62,6 +71,17 @@ def chain_hashes(parent: int | None, namespace: tuple, pages: list[bytes], algo:
         out.append(h)
         parent = h
     return out
+
+
+def chain_run(parent: int | None, namespace: tuple, buf: bytes, page_size: int,
+              algo: str = "sha256", first: tuple | None = None) -> list[int]:
+    """chain_hashes of the whole pages of `buf` (packed token ids, `page_size` to a page)."""
+    if algo == SIM_HASH:
+        return sim64_chain(parent, _namespace_bytes(namespace), buf, page_size,
+                           None if first is None else _namespace_bytes(first))
+    pb = 4 * page_size
+    return chain_hashes(parent, namespace, [buf[i:i + pb] for i in range(0, len(buf) - pb + 1, pb)],
+                        algo, first)
 
 
 def _memo(parent: int | None, namespace: tuple, page: bytes, algo: str) -> int:
@@ -103,3 +123,39 @@ def removed_events(hashes: Iterable[int], namespace: tuple = (None, None)) -> li
 # new_event(KVEvent, (kind, block_hash, parent_hash, token_ids, namespace)): a KVEvent made at
 # tuple speed, skipping the keyword handling (a stored run or an eviction makes many)
 new_event = tuple.__new__
+
+
+class EventRun(NamedTuple):
+    """The KV events of a run of pages, kept as one record until someone asks for the pages: a
+    stored run's pages each chain on the one before (the first on `parent`), an evicted run's
+    pages are removed in order; "cleared" has no pages. What a radix cache records (one per
+    node stored or evicted); `pages()` gives the same KVEvents one by one."""
+    kind: Literal["stored", "removed", "cleared"]
+    hashes: list[int]
+    parent: int | None = None            # "stored": the first page's parent
+    tokens: bytes = b""                  # "stored": the pages' token ids, packed (key.py)
+    namespace: tuple = (None, None)
+
+    def pages(self) -> list[KVEvent]:
+        if self.kind == "removed":
+            return removed_events(self.hashes, self.namespace)
+        if self.kind == "cleared":
+            return [KVEvent("cleared")]
+        hs, ns = self.hashes, self.namespace
+        if not hs:
+            return []
+        ps = len(self.tokens) // TOKEN_BYTES // len(hs)
+        tokens = token_struct(len(self.tokens) // TOKEN_BYTES).unpack(self.tokens)
+        return [new_event(KVEvent, ("stored", h, p, tokens[i * ps:(i + 1) * ps], ns))
+                for i, (h, p) in enumerate(zip(hs, [self.parent, *hs]))]
+
+
+def run_pages(records: Iterable[KVEvent | EventRun]) -> list[KVEvent]:
+    """KVEvents, with each EventRun among them expanded into its pages."""
+    out: list[KVEvent] = []
+    for r in records:
+        if type(r) is EventRun:
+            out += r.pages()
+        else:
+            out.append(r)
+    return out

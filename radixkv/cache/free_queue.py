@@ -21,6 +21,7 @@ class FreeQueue:
     def reset(self) -> None:
         self.pos.fill(-1)
         self.log = np.zeros(1024, np.int64)
+        self.at = np.arange(1024)                     # log index -> itself: what a live pos reads
         self.head = self.tail = self.n = 0            # live entries lie in [head, tail); n of them
 
     def __len__(self) -> int:
@@ -36,12 +37,14 @@ class FreeQueue:
         k, t = len(ids), self.tail
         if t + k > len(self.log):                     # compact; grow when half full
             live = self.ids()
-            self.log = np.zeros(max(len(self.log), 2 * (len(live) + k)), np.int64)
+            size = max(len(self.log), 2 * (len(live) + k))
+            if size > len(self.log):
+                self.log, self.at = np.zeros(size, np.int64), np.arange(size)
             self.log[:len(live)] = live
-            self.pos[live] = np.arange(len(live))
+            self.pos[live] = self.at[:len(live)]
             self.head, t = 0, len(live)
         self.log[t:t + k] = ids
-        self.pos[ids] = np.arange(t, t + k)
+        self.pos[ids] = self.at[t:t + k]
         self.tail, self.n = t + k, self.n + k
 
     def remove(self, ids: np.ndarray) -> None:
@@ -51,22 +54,30 @@ class FreeQueue:
 
     def pop(self, k: int) -> np.ndarray:
         """Up to k blocks from the head, in order."""
-        out = []
+        out, pos = [], self.pos
         while k and self.n:                           # the head's live entries
             h = self.head
-            seg = self.log[h:min(self.tail, h + max(2 * k, 256))]
-            live = np.flatnonzero(self.pos[seg] == np.arange(h, h + len(seg)))[:k]
-            self.head = h + (int(live[-1]) + 1 if len(live) == k else len(seg))
-            out.append(seg[live])
-            self.pos[out[-1]] = -1
-            self.n -= len(live)
-            k -= len(live)
+            e = min(self.tail, h + max(2 * k, 256))
+            seg = self.log[h:e]
+            live = np.flatnonzero(pos[seg] == self.at[h:e])
+            if len(live) >= k:
+                live = live[:k]
+                e = h + int(live[-1]) + 1
+            self.head = e
+            got = seg[live]
+            pos[got] = -1
+            out.append(got)
+            self.n -= len(got)
+            k -= len(got)
+        if len(out) == 1:
+            return out[0]
         return np.concatenate(out) if out else _EMPTY
 
     def ids(self) -> np.ndarray:
         """The queued blocks, head first."""
         h, t = self.head, self.tail
-        return self.log[h:t][self.pos[self.log[h:t]] == np.arange(h, t)]
+        seg = self.log[h:t]
+        return seg[self.pos[seg] == self.at[h:t]]
 
     def check(self, cached: np.ndarray, free: np.ndarray, uncached: np.ndarray) -> None:
         """The queue holds exactly `free` (of the `cached` block ids), each once; no `uncached`

@@ -18,6 +18,28 @@ EMPTY_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
 EMPTY_SLOTS.flags.writeable = False
 
 
+_ROWS: dict[int, np.ndarray] = {}   # page size -> its pages' slots, one row per page id
+_ROWS_CAP = 1 << 22                 # slots a table covers at most (32 MiB); past it, arithmetic
+
+
+def page_slots(pages: np.ndarray, page_size: int) -> np.ndarray:
+    """The slots of whole pages (ids >= 0), in order: page p holds p * page_size and the
+    page_size - 1 slots after it. Rows are copied out of a table grown on demand, which beats
+    broadcasting a page's offsets across every page."""
+    rows = _ROWS.get(page_size)
+    if rows is not None:
+        try:
+            return rows.take(pages, 0).ravel()
+        except IndexError:                    # a page past the table
+            pass
+    need = int(pages.max()) + 1 if len(pages) else 0
+    if need * page_size > _ROWS_CAP:
+        return ((pages * page_size)[:, None] + np.arange(page_size, dtype=SLOT_DTYPE)).ravel()
+    n = min(max(need, 2 * len(rows) if rows is not None else 1024), _ROWS_CAP // page_size)
+    rows = _ROWS[page_size] = np.arange(n * page_size, dtype=SLOT_DTYPE).reshape(n, page_size)
+    return rows.take(pages, 0).ravel()
+
+
 def round_up(n: int, page: int) -> int:
     """n rounded up to whole pages."""
     return -(-n // page) * page
@@ -91,7 +113,7 @@ class SlotPool:
         if self.page_size == 1:
             slots = page_ids.copy()
         else:
-            slots = ((page_ids * self.page_size)[:, None] + self._offsets).ravel()
+            slots = page_slots(page_ids, self.page_size)
         self._in_use[slots] = True
         return slots
 
@@ -138,7 +160,11 @@ class SlotPool:
         if not len(slots):
             return
         ps = self.page_size
-        pages = slots if ps == 1 else np.sort(slots[::ps] // ps)
+        if ps == 1:
+            pages = slots
+        else:
+            pages = slots[::ps] // ps                 # a new array: sorted in place
+            pages.sort()
         self._in_use[slots] = False
         self._free[self._top:self._top + pages.size] = pages
         self._top += pages.size

@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from radixkv.cache.base import HostStore, InsertResult, MatchResult, PrefixCache, as_key
-from radixkv.cache.events import KVEvent, chain_hashes, check_hash_algo
+from radixkv.cache.events import EventRun, KVEvent, chain_run, check_hash_algo, run_pages
 from radixkv.cache.key import TOKEN_BYTES, RadixKey, first_divergence, token_struct
 from radixkv.cache.orders import EvictionOrder
 from radixkv.cache.pins import PinTable
@@ -54,7 +54,7 @@ class RadixCache(TreeChecks, LeafEviction, PrefixCache):
         self.now = 0.0                            # the caller's time (advance): pins, retention
         self.pins = PinTable(self, max_pinned_tokens)
         self.enable_events, self.hash_algo = enable_events, check_hash_algo(hash_algo)
-        self._events: list[KVEvent] = []
+        self._events: list[EventRun] = []         # one record per node stored or evicted
         self.epoch = -1                           # bumped by reset(): readers holding old nodes can tell
         self.reset()
         self._events.clear()                      # "cleared" is for an explicit reset() only
@@ -72,7 +72,7 @@ class RadixCache(TreeChecks, LeafEviction, PrefixCache):
         if self.host is not None:
             self.host.reset()
         if self.enable_events:
-            self._events.append(KVEvent("cleared"))
+            self._events.append(EventRun("cleared", []))
 
     def evictable_size(self) -> int:
         return self._evictable
@@ -355,16 +355,16 @@ class RadixCache(TreeChecks, LeafEviction, PrefixCache):
 
     # ---- events ---------------------------------------------------------------------------
     def _emit_stored(self, n: TreeNode) -> None:
-        ps, ns, kb = self.page_size, n.key.namespace, n.key.buf
-        pb, tokens = ps * TOKEN_BYTES, token_struct(ps).unpack_from
+        ns, kb = n.key.namespace, n.key.buf
         parent_hash = n.parent.hashes[-1] if n.parent.hashes else None
-        n.hashes = chain_hashes(parent_hash, ns, [kb[i:i + pb] for i in range(0, len(kb), pb)],
-                                self.hash_algo)
-        for i, h in enumerate(n.hashes):
-            self._events.append(KVEvent("stored", h, parent_hash, tokens(kb, i * pb), ns))
-            parent_hash = h
+        hashes = chain_run(parent_hash, ns, kb, self.page_size, self.hash_algo)
+        n.hashes = hashes.copy()                  # the node's own: a trim shortens it in place
+        self._events.append(EventRun("stored", hashes, parent_hash, kb, ns))
 
     def take_events(self) -> list[KVEvent]:
+        return run_pages(self.take_event_runs())
+
+    def take_event_runs(self) -> list[EventRun]:
         ev, self._events = self._events, []
         return ev
 

@@ -23,7 +23,7 @@ import itertools
 
 import numpy as np
 
-from radixkv.cache.events import removed_events
+from radixkv.cache.events import EventRun
 from radixkv.cache.policies import lru
 from radixkv.cache.pool import EMPTY_SLOTS
 from radixkv.cache.radix_node import TreeNode, path_key
@@ -126,7 +126,7 @@ class LeafEviction:
         self._evictable -= L
         freed.append(n.value)
         if self.enable_events:
-            self._events += removed_events(n.hashes, n.key.namespace)
+            self._events.append(EventRun("removed", list(n.hashes), None, b"", n.key.namespace))
         exposed = self._push(parent) if self._is_candidate(parent) else None
         return total + L, exposed                 # a dead branch cascades within this call
 
@@ -145,7 +145,8 @@ class LeafEviction:
         n.key, n.value = n.key[:keep], n.value[:keep]
         if n.hashes is not None:
             if self.enable_events:
-                self._events += removed_events(n.hashes[keep // ps:], n.key.namespace)
+                self._events.append(EventRun("removed", n.hashes[keep // ps:], None, b"",
+                                             n.key.namespace))
             del n.hashes[keep // ps:]
         # a pure-read match that ended at `n`, or at its parent partway into this edge, would
         # now answer less: both stamps must go stale

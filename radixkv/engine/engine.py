@@ -127,11 +127,13 @@ class Engine:
             self.check_invariants()
         return True
 
-    def decode_run(self, horizon: float = math.inf, max_steps: int | None = None) -> int:
+    def decode_run(self, horizon: float = math.inf, max_steps: int | None = None,
+                   evict_events: bool = False) -> int:
         """Run the decode-only steps that come next, each exactly as step() would run it,
         without building plans: while the scheduler can only decode its scripted running
         requests (Scheduler.decode_batch), no arrival is due, no request finishes, new pages
-        come from free slots or evictions that emit no KV event (no retraction), each step
+        come from free slots or evictions (no retraction) that emit no KV event unless
+        `evict_events` (the caller takes the events from the cache after the run), each step
         ends by `horizon` and the executor prices steps without a plan (a simulated GPU).
         Returns the steps run (0: the next step is not one of these; step() runs it)."""
         if not self.executor.prices_decodes or self.config.check_invariants:
@@ -148,7 +150,7 @@ class Engine:
         ctx = [r.num_computed for r in reqs]
         ctx_sum, ctx_max = sum(ctx), max(ctx)
         due = self._arrivals[0][0] if self._arrivals else math.inf
-        quiet_evict = not self.cache.enable_events     # an eviction no one hears of
+        quiet_evict = evict_events or not self.cache.enable_events   # heard later, or never
         k = 0
         while k < left and due > self.now:
             needy = [r for r in reqs if r.num_slots <= r.num_computed]

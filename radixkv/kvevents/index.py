@@ -14,13 +14,51 @@ pages would leave removed ones held.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
+from itertools import compress, count, groupby, repeat
+from operator import itemgetter, not_
 
 import zmq
 
-from radixkv.cache.events import KVEvent
+from radixkv.cache.events import EventRun, KVEvent
+from radixkv.cache.key import TOKEN_BYTES
 from radixkv.kvevents.wire import END_SEQ, BlockRemoved, BlockStored, EventBatch, decode_batch
 from radixkv.validate import int_at_least
+
+
+# a KVEvent's fields by position: (kind, block_hash, parent_hash, token_ids, namespace)
+_kind, _hash, _parent, _tokens = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
+
+
+def _check_pages(events: Sequence[KVEvent], page_size: int) -> None:
+    shapes = set(zip(map(_kind, events), map(len, map(_tokens, events))))
+    if shapes <= {("stored", page_size), ("removed", 0), ("cleared", 0)} \
+            and set(map(type, events)) <= {KVEvent}:
+        return
+    for e in events:                              # name the first bad event, if one is
+        if type(e) is EventRun:
+            raise ValueError("a batch of KVEvents holds an EventRun: give one kind or the other")
+        if e.kind == "stored":
+            if len(e.token_ids) != page_size:
+                raise ValueError(f"stored page {e.block_hash} has {len(e.token_ids)} tokens, "
+                                 f"not block_size {page_size}")
+        elif e.kind not in ("removed", "cleared"):
+            raise ValueError(f"unknown KV event kind {e.kind!r}; valid: stored, removed, cleared")
+
+
+def _check_runs(runs: Sequence[EventRun], page_size: int) -> None:
+    for r in runs:
+        if type(r) is not EventRun:
+            raise ValueError(f"a batch of EventRuns holds {type(r).__name__} {r!r}: give one "
+                             f"kind or the other")
+        if r.kind == "stored":
+            if len(r.tokens) != TOKEN_BYTES * page_size * len(r.hashes):
+                raise ValueError(f"stored run of {len(r.hashes)} pages has "
+                                 f"{len(r.tokens) // TOKEN_BYTES} tokens, not block_size "
+                                 f"{page_size} a page")
+        elif r.kind not in ("removed", "cleared"):
+            raise ValueError(f"unknown KV event kind {r.kind!r}; valid: stored, removed, cleared")
 
 
 class KVIndex:
@@ -77,41 +115,72 @@ class KVIndex:
         self.last_seq = seq
         return True
 
-    def apply_kv(self, seq: int, events: Sequence[KVEvent], page_size: int) -> bool:
+    def apply_kv(self, seq: int, events: Sequence[KVEvent] | Sequence[EventRun],
+                 page_size: int) -> bool:
         """apply(seq, the wire batch of a cache's KV events) without building it: to_wire only
-        merges chained pages into runs, which changes no page held, parent or count. Bad events
+        merges chained pages into runs, which changes no page held, parent or count. The events
+        are KVEvents, or EventRuns as a radix cache records them (take_event_runs). Bad events
         raise as to_wire does, before anything changes."""
         seq = int_at_least(seq, "seq")
-        for e in events:
-            if e.kind == "stored":
-                if len(e.token_ids) != page_size:
-                    raise ValueError(f"stored page {e.block_hash} has {len(e.token_ids)} tokens, "
-                                     f"not block_size {page_size}")
-            elif e.kind not in ("removed", "cleared"):
-                raise ValueError(f"unknown KV event kind {e.kind!r}; valid: stored, removed, "
-                                 f"cleared")
+        runs = bool(events) and type(events[0]) is EventRun
+        if runs:
+            _check_runs(events, page_size)
+        else:
+            _check_pages(events, page_size)
         if seq <= self.last_seq:
             return False
         self.gaps += seq > self.last_seq + 1
         self.missed += seq - self.last_seq - 1
-        held, parents = self._held, self.parents
-        for e in events:
-            kind, h = e.kind, e.block_hash
-            if kind == "stored":
-                held[h] = held.get(h, 0) + 1
-                parents[h] = e.parent_hash
-            elif kind == "removed":
-                n = held.get(h, 0)
-                if n > 1:
-                    held[h] = n - 1
-                elif n == 1:
-                    del held[h]
-                    parents.pop(h, None)
-            else:
-                held.clear()
-                parents.clear()
+        if runs:
+            for r in events:
+                if r.kind == "stored":
+                    self._stored(r.hashes, [r.parent, *r.hashes])
+                elif r.kind == "removed":
+                    self._removed(r.hashes)
+                else:
+                    self._held.clear()
+                    self.parents.clear()
+        else:
+            for kind, run in groupby(events, _kind):  # runs of one kind, each at C speed
+                run = list(run)
+                if kind == "stored":
+                    self._stored(list(map(_hash, run)), map(_parent, run))
+                elif kind == "removed":
+                    self._removed(list(map(_hash, run)))
+                else:
+                    self._held.clear()
+                    self.parents.clear()
         self.last_seq = seq
         return True
+
+    def _stored(self, hashes: list[int], parents: Iterable[int | None]) -> None:
+        held = self._held
+        if held.keys().isdisjoint(hashes) and len(set(hashes)) == len(hashes):
+            held.update(dict.fromkeys(hashes, 1))     # new pages, each once: counts of 1
+            self.parents.update(zip(hashes, parents))
+            return
+        for h, parent in zip(hashes, parents):
+            held[h] = held.get(h, 0) + 1
+            self.parents[h] = parent
+
+    def _removed(self, hashes: list[int]) -> None:
+        held, parents = self._held, self.parents
+        if list(map(held.get, hashes)).count(1) == len(hashes) and len(set(hashes)) == len(hashes):
+            deque(map(held.__delitem__, hashes), 0)  # pages held once, each removed once
+            deque(map(parents.pop, hashes, repeat(None)), 0)
+            return
+        for h in hashes:
+            n = held.get(h, 0)
+            if n > 1:
+                held[h] = n - 1
+            elif n == 1:
+                del held[h]
+                parents.pop(h, None)
+
+    @property
+    def held_map(self) -> dict[int, int]:
+        """hash -> copies held (read-only: for membership tests at C speed)."""
+        return self._held
 
     def hashes(self) -> set[int]:
         return set(self._held)
@@ -124,10 +193,8 @@ class KVIndex:
 
     def prefix_match(self, hashes: Sequence[int]) -> int:
         """How many leading `hashes` (a prompt's page hashes) are held: its cached prefix in pages."""
-        for i, h in enumerate(hashes):
-            if h not in self._held:
-                return i
-        return len(hashes)
+        missing = map(not_, map(self._held.__contains__, hashes))
+        return next(compress(count(), missing), len(hashes))
 
     # ---- the network part -------------------------------------------------------------------
     @classmethod

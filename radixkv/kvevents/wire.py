@@ -21,8 +21,9 @@ from typing import Any
 
 import msgspec
 
-from radixkv.cache.events import KVEvent, chain_hashes, check_hash_algo
+from radixkv.cache.events import KVEvent, chain_hashes, chain_run, check_hash_algo
 from radixkv.cache.key import RadixKey
+from radixkv.cache.sim_hash import SIM_HASH
 from radixkv.validate import positive_int
 
 MEDIUM_GPU = "GPU"
@@ -177,15 +178,18 @@ def decode_batch(payload: bytes) -> KVEventBatch:
 
 def page_hashes(tokens, namespace: tuple, page_size: int, algo: str = "sha256", *,
                 salt_first_only: bool = False) -> list[int]:
-    """The chained hashes of the whole pages of `tokens` under `namespace` (extra_key,
-    cache_salt): what a cache emits when it stores them. RadixCache mixes the whole namespace
+    """The chained hashes of the whole pages of `tokens` (ids, or a RadixKey already packed)
+    under `namespace` (extra_key, cache_salt): what a cache emits when it stores them. RadixCache mixes the whole namespace
     into every page; BlockHashCache, as vLLM, mixes cache_salt into the first page only
     (salt_first_only=True). Without a salt both agree."""
     if not isinstance(namespace, tuple) or len(namespace) != 2:
         raise ValueError(f"namespace must be a tuple (extra_key, cache_salt), got {namespace!r}")
-    key = RadixKey(tokens, extra_key=namespace[0], cache_salt=namespace[1])
+    key = tokens if isinstance(tokens, RadixKey) and tokens.namespace == namespace else \
+        RadixKey(tokens, extra_key=namespace[0], cache_salt=namespace[1])
     page_size, algo = positive_int(page_size, "page_size"), check_hash_algo(algo)
     inner = (key.namespace[0], None) if salt_first_only else key.namespace
+    if algo == SIM_HASH:                      # a whole prompt in one vectorised run
+        return chain_run(None, inner, key.buf, page_size, algo, first=key.namespace)
     out: list[int] = []
     parent, n, i = None, len(key) // page_size, 0
     while i + _SPAN <= n:                     # whole spans: one lookup each when seen before

@@ -7,7 +7,8 @@ deployment): it sees only the typed values below.
   cache namespace, routing key, arrival, output budget).
 - `ReplicaView`: what a replica publishes about its load, read at the moment of routing.
 - KV events: what each replica's cache stored and removed, either as the cache's `KVEvent`s
-  or as vLLM wire batches (radixkv.kvevents.wire), fed through `on_events`.
+  (or the `EventRun`s a radix cache records) or as vLLM wire batches
+  (radixkv.kvevents.wire), fed through `on_events`.
 
 Call order, for every request: `route(request, views)` -> the replica index `i`; the caller
 sends the request to replica `i` and calls `on_route(i, request)`; later, whenever a replica
@@ -24,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
 
-from radixkv.cache.events import KVEvent, check_hash_algo
+from radixkv.cache.events import EventRun, KVEvent, check_hash_algo
+from radixkv.cache.key import RadixKey
 from radixkv.kvevents.wire import EventBatch, page_hashes
 from radixkv.registry import Registry
 from radixkv.validate import finite_time, int_at_least, positive_int
@@ -40,6 +42,7 @@ class RequestInfo:
     session: str | None = None
     arrival: float = 0.0
     max_new_tokens: int = 1
+    key: RadixKey | None = None      # the prompt packed under `namespace`, when the caller has it
 
     def __post_init__(self):
         if not isinstance(self.rid, str) or not self.rid:
@@ -49,6 +52,11 @@ class RequestInfo:
         if not isinstance(self.namespace, tuple) or len(self.namespace) != 2:
             raise ValueError(f"request {self.rid!r}: namespace must be (extra_key, cache_salt), "
                              f"got {self.namespace!r}")
+        if self.key is not None and not (isinstance(self.key, RadixKey)
+                                         and self.key.namespace == self.namespace
+                                         and len(self.key) == len(self.tokens)):
+            raise ValueError(f"request {self.rid!r}: key must be its prompt as a RadixKey of "
+                             f"namespace {self.namespace!r}")
         finite_time(self.arrival, f"request {self.rid!r}: arrival")
         positive_int(self.max_new_tokens, f"request {self.rid!r}: max_new_tokens")
 
@@ -107,7 +115,7 @@ class RouterContext:
         positive_int(self.prefill_chunk, "RouterContext.prefill_chunk")
 
 
-Events = Sequence[KVEvent] | EventBatch
+Events = Sequence[KVEvent] | Sequence[EventRun] | EventBatch
 
 
 class Router(ABC):
@@ -172,7 +180,8 @@ class Router(ABC):
     def page_hashes(self, request: RequestInfo) -> list[int]:
         """The chained hashes of the request's whole prompt pages, as the replicas emit them."""
         c = self.context
-        return page_hashes(request.tokens, request.namespace, c.page_size, c.hash_algo)
+        return page_hashes(request.tokens if request.key is None else request.key,
+                           request.namespace, c.page_size, c.hash_algo)
 
 
 ROUTERS: Registry[type[Router]] = Registry("router")

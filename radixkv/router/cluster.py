@@ -7,10 +7,11 @@ arrival (routed on what the router has been told so far; sent to that replica). 
 step ends come first, replicas in index order. A replica's view is its state at its last step
 end, plus the requests routed to it since. Deterministic for a seed.
 
-Quiet steps skip the clock: a step that produced nothing the router hears (no KV event, first
-token or finish) and ends by the next arrival only refreshes the replica's view, which nobody
-reads before that arrival, so the replica starts its next step at once (most steps are decodes;
-the order of router calls, and so every result, is the same as through the clock).
+Quiet steps skip the clock: a step that produced no first token or finish and ends by the next
+arrival only refreshes the replica's view and leaves KV events, which nobody reads before that
+arrival: the replica starts its next step at once, and the router hears those events just before
+it routes the arrival (most steps are decodes, and under memory pressure most evict; the order
+of router calls, and so every result, is the same as through the clock).
 
 Session arrivals (`arrivals`): each later turn of a session arrives, and is routed, a think
 time after its previous turn finished (workloads/sessions.py's `ArrivalQueue`). A finish can
@@ -25,7 +26,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from radixkv.config import EngineConfig
+from radixkv.cache.sim_hash import SIM_HASH
+from radixkv.config import CacheConfig, EngineConfig
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.engine.metrics import EngineReport, RequestRecord, itl_percentiles
 from radixkv.offline.replay import collector_paused
@@ -53,9 +55,16 @@ class ClusterConfig:
         int_at_least(self.seed, "seed", 0)
 
     def context(self, cost: StepCost) -> RouterContext:
-        c, s = self.engine.cache, self.engine.sched
+        c, s = self.event_cache(), self.engine.sched
         return RouterContext(self.replicas, c.page_size, c.hash_algo, self.seed, cost,
                              s.prefill_budget)
+
+    def event_cache(self) -> CacheConfig:
+        """The replicas' cache when the router reads KV events: publishing them, a radix
+        cache's hashed with `sim64` (events that never leave the simulation: one vectorised
+        hash per stored run, not a SHA-256 per page; the same pages match)."""
+        c = replace(self.engine.cache, enable_events=True)
+        return replace(c, hash_algo=SIM_HASH) if c.kind == "radix" else c
 
 
 class Replica:
@@ -66,7 +75,7 @@ class Replica:
         self.awaiting: dict[str, tuple[Request, RequestInfo]] = {}   # routed, no first token
         self.infos: dict[str, RequestInfo] = {}                      # routed, not finished
         self.finished: list[Request] = []
-        self.events: list = []                  # KV events taken early, not delivered yet
+        self.events: list = []                  # KV events of quiet steps, not delivered yet
         self.busy = False                       # a step end is on the clock
         self.view = ReplicaView(kv_capacity=engine.config.kv_capacity)
         self.unprefilled = self.budget = 0      # prompt tokens / output budgets held
@@ -103,7 +112,7 @@ def merged_report(name: str, engines: Sequence[Engine], records: list[RequestRec
 
 def request_info(req: Request, session: str | None) -> RequestInfo:
     return RequestInfo(req.rid, req.tokens, req.namespace, req.routing_key or session,
-                       req.arrival, req.max_new_tokens)
+                       req.arrival, req.max_new_tokens, req.prompt_key)
 
 
 class Cluster:
@@ -114,7 +123,7 @@ class Cluster:
         self.config, self.router = config, router
         cfg = config.engine
         if router.uses_events:
-            cfg = replace(cfg, cache=replace(cfg.cache, enable_events=True))
+            cfg = replace(cfg, cache=config.event_cache())
         extra = (lambda: {"clock": logical_clock()}) if cfg.cache.kind == "radix" else dict
         self.replicas = [Replica(i, Engine(cfg, cfg.cache.build(**extra()), SimExecutor(cost),
                                            on_finish=None))
@@ -130,7 +139,7 @@ class Cluster:
         """The router hears what the replica's last step did."""
         r, router = rep.index, self.router
         if router.uses_events:
-            events = rep.engine.cache.take_events()
+            events = rep.engine.cache.take_event_runs()
             if rep.events:
                 events, rep.events = rep.events + events, []
             if events:
@@ -161,25 +170,31 @@ class Cluster:
         e = rep.engine
         e.now = max(e.now, now)
         horizon = min(self._horizon, now + self._due.floor())
+        heard = self.router.uses_events
         while e.has_work():
-            if e.decode_run(horizon):           # quiet steps, each ending by the horizon
+            if e.decode_run(horizon, evict_events=heard):     # quiet steps, ending by the horizon
+                if heard:
+                    rep.events.extend(e.cache.take_event_runs())
                 rep.snapshot()
             if not e.step():
                 break
-            if e.now > horizon or e.last_prefill or rep.finished or self._heard(rep):
+            if e.now > horizon or e.last_prefill or rep.finished:
                 heapq.heappush(self._clock, (e.now, _STEP_END, rep.index, 0))
                 rep.busy = True
                 return
+            if heard:                             # told before the next route (_tell)
+                rep.events.extend(e.cache.take_event_runs())
             rep.snapshot()                        # a quiet step's whole delivery
         rep.busy = False
 
-    def _heard(self, rep: Replica) -> bool:
-        """The step left KV events for the router (kept for its delivery)."""
-        if not self.router.uses_events:
-            return False
-        taken = rep.engine.cache.take_events()
-        rep.events.extend(taken)
-        return bool(taken)
+    def _tell(self) -> None:
+        """The router hears the KV events of the quiet steps run since it last heard them:
+        each ended by the arrival being routed (a step crossing it keeps its events in the
+        cache, for its step end)."""
+        for rep in self.replicas:
+            if rep.events:
+                events, rep.events = rep.events, []
+                self.router.on_events(rep.index, events)
 
     def run(self, requests: Sequence[tuple[Request, str | None]],
             progress: Callable[[int], object] | None = None,
@@ -231,6 +246,8 @@ class Cluster:
         """Route `req`, arrived now (its arrival), and send it to that replica; its index.
         Quiet steps started here run up to `horizon`, the next moment a view may be read."""
         info = request_info(req, session)
+        if self.router.uses_events:
+            self._tell()
         views = [rep.view for rep in self.replicas]
         r = self.router.route(info, views)
         if not isinstance(r, int) or not 0 <= r < len(self.replicas):

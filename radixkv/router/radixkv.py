@@ -31,7 +31,10 @@ is not the step cost's (other hardware, a host-bound engine, KV memory that bind
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from itertools import compress, count, repeat
+from operator import not_, or_
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -115,11 +118,9 @@ class RadixKVRouter(Router):
 
     def held_pages(self, replica: int, hashes: Sequence[int]) -> int:
         """Leading pages of `hashes` the replica holds or will hold (in flight)."""
-        index, flying = self.index.indexes[replica], self.inflight[replica]
-        for i, h in enumerate(hashes):
-            if h not in index and h not in flying:
-                return i
-        return len(hashes)
+        held, flying = self.index.indexes[replica].held_map, self.inflight[replica]
+        known = map(or_, map(held.__contains__, hashes), map(flying.__contains__, hashes))
+        return next(compress(count(), map(not_, known)), len(hashes))   # the first unknown
 
     def hit_tokens(self, replica: int, hashes: Sequence[int], prompt_len: int) -> int:
         """Prompt tokens the replica holds or will hold; a match never covers the last one."""
@@ -197,9 +198,8 @@ class RadixKVRouter(Router):
         fresh = last is not None and last[0] == request.rid
         hashes = last[1] if fresh else self.page_hashes(request)
         hit = self.hit_tokens(replica, hashes, request.prompt_len)
-        flying = self.inflight[replica]
-        for h in hashes:
-            flying[h] = flying.get(h, 0) + 1
+        flying = self.inflight[replica]             # a prompt's page hashes are distinct
+        flying.update(zip(hashes, map((1).__add__, map(flying.get, hashes, repeat(0)))))
         new = request.prompt_len - hit
         x, said = last[2][replica] if fresh and last[2] else (None, 0.0)
         self._flights[request.rid] = Flight(replica, hashes, new, request.max_new_tokens, x, said)
@@ -232,13 +232,10 @@ class RadixKVRouter(Router):
             return
         self.flying[f.replica] -= 1
         self.budget[f.replica] -= f.budget
-        flying = self.inflight[f.replica]
-        for h in f.hashes:
-            left = flying[h] - 1
-            if left:
-                flying[h] = left
-            else:
-                del flying[h]
+        flying, hashes = self.inflight[f.replica], f.hashes
+        left = list(map((-1).__add__, map(flying.__getitem__, hashes)))
+        flying.update(zip(hashes, left))
+        deque(map(flying.__delitem__, compress(hashes, map(not_, left))), 0)
 
     def on_events(self, replica: int, events: Events) -> None:
         self.index.apply(self.check_replica(replica), events)

@@ -546,3 +546,26 @@ def test_the_index_holds_no_collected_object_per_block():
     gc.collect()
     assert c.num_blocks() == 50 * 40 and len(gc.get_objects()) - before < 100
     c.check_invariants()
+
+
+def test_page_slots_are_whole_pages_from_the_table_and_past_it(monkeypatch):
+    import radixkv.cache.pool as pool
+    pages = np.array([5, 0, 3, 70_000], np.int64)
+    want = ((pages * 16)[:, None] + np.arange(16)).ravel()
+    assert pool.page_slots(pages, 16).tolist() == want.tolist()           # the table grows
+    monkeypatch.setattr(pool, "_ROWS_CAP", 1024)                           # past the cap: arithmetic
+    assert pool.page_slots(pages * 10, 16).tolist() == (want + (pages * 9 * 16).repeat(16)).tolist()
+
+
+def test_free_queue_pops_past_stale_entries_in_order():
+    c = BlockHashCache(block_size=4)
+    for i in range(40):                                    # 40 one-block chains, all in the queue
+        c.insert(key(toks(100 * i, 4)), np.arange(4 * i, 4 * i + 4))
+    held = [c.match_prefix(key(toks(100 * i, 4))).last_node for i in range(0, 40, 3)]
+    for h in held:                                         # their queue entries go stale
+        c.inc_lock_ref(h)
+    order = c.free_queue_ids()
+    want = np.concatenate([np.arange(4 * b, 4 * b + 4) for b in order[:10]])
+    assert c.evict(4 * 10).tolist() == want.tolist()
+    assert c.free_queue_ids() == order[10:]
+    c.check_invariants()

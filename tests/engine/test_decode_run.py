@@ -108,7 +108,7 @@ def test_a_cluster_with_decode_runs_routes_and_finishes_as_one_without(router, m
     wl = Workload("w", reqs)
     cfg = ClusterConfig(EngineConfig(kv_capacity=800, cache=CacheConfig("radix", 16)), 3)
     fast = run_cluster(wl, cfg, router, COST, check=True)
-    monkeypatch.setattr(Engine, "decode_run", lambda self, horizon=math.inf, max_steps=None: 0)
+    monkeypatch.setattr(Engine, "decode_run", lambda self, horizon=math.inf, max_steps=None, evict_events=False: 0)
     slow = run_cluster(wl, cfg, router, COST, check=True)
     assert fast == slow
 

@@ -102,3 +102,49 @@ def test_a_request_no_replica_holds_is_refused():
 def test_router_of_another_size_is_refused():
     with pytest.raises(ValueError, match="routes over 2 replicas"):
         Cluster(CFG, make_router("round-robin", CFG.context(COST).__class__(2)), COST)
+
+
+@pytest.mark.parametrize("name", ["llm-d-precise", "radixkv"])
+def test_at_every_route_the_router_holds_what_each_cache_held_at_its_last_step_end(
+        name, monkeypatch):
+    """Quiet steps leave their KV events for the next route: the index a router reads is, to
+    the page, each replica's cache as of its last step ended by the arrival (a step still
+    running then is not heard yet), with pages under eviction pressure coming and going."""
+    from radixkv.engine.engine import Engine
+    states: dict[int, list[tuple[float, frozenset]]] = {}
+    step, decode_run = Engine.step, Engine.decode_run
+
+    def record(engine):
+        states.setdefault(id(engine), []).append((engine.now, frozenset(engine.cache.page_hashes())))
+
+    def stepped(self):
+        out = step(self)
+        record(self)
+        return out
+
+    def ran(self, *a, **kw):
+        k = decode_run(self, *a, **kw)
+        if k:
+            record(self)
+        return k
+
+    monkeypatch.setattr(Engine, "step", stepped)
+    monkeypatch.setattr(Engine, "decode_run", ran)
+    cfg = ClusterConfig(EngineConfig(kv_capacity=4_096, cache=CacheConfig("radix", 16)), 3)
+    router = make_router(name, cfg.context(COST))
+    cluster = Cluster(cfg, router, COST)
+    checked = []
+    route = type(router).route
+
+    def checking(self, request, replicas):
+        for rep, index in zip(cluster.replicas, self.index.indexes):
+            held = [s for t, s in states.get(id(rep.engine), []) if t <= request.arrival]
+            assert index.hashes() == (held[-1] if held else frozenset())
+        checked.append(request.rid)
+        return route(self, request, replicas)
+
+    monkeypatch.setattr(type(router), "route", checking)
+    reqs = build_requests(WL)
+    cluster.run([(q, None) for q in reqs])
+    assert len(checked) == len(reqs)
+    assert sum(rep.engine.manager.evicted_tokens for rep in cluster.replicas) > 0
