@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from radixkv.config import CacheConfig, EngineConfig  # noqa: E402
+from radixkv.offline.replay import collect_simulation  # noqa: E402
 from radixkv.router.cluster import ClusterConfig, run_cluster  # noqa: E402
 from radixkv.sim.costmodel import CostModel  # noqa: E402
 from radixkv.workloads import load_workload, make_workload  # noqa: E402
@@ -45,6 +46,7 @@ ALL_ROUTERS = ["round-robin", "power-of-two", "least-load", "session-hash", "ray
 
 
 def timed(fn) -> tuple[float, object]:
+    collect_simulation()        # the last run's cycles, freed outside the timer (as compare.py does)
     t = time.perf_counter()
     out = fn()
     return time.perf_counter() - t, out

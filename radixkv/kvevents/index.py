@@ -68,9 +68,10 @@ class KVIndex:
     block cache may hold identical content twice) stays held until removed twice.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, parents: bool = True) -> None:
         self._held: dict[int, int] = {}             # hash -> copies held
-        self.parents: dict[int, int | None] = {}    # hash -> its parent page's hash
+        self.parents: dict[int, int | None] = {}    # hash -> its parent page's hash (kept
+        self._parents = parents                     # unless parents=False: a router's index)
         self.last_seq = -1
         self.gaps = 0                # sequence gaps seen
         self.missed = 0              # batches never applied (lost and not replayed)
@@ -93,24 +94,14 @@ class KVIndex:
 
     def _step(self, seq: int, batch: EventBatch) -> bool:
         self.missed += seq - self.last_seq - 1
-        held = self._held
         for e in batch.events:
             if isinstance(e, BlockStored):
-                parent = e.parent_block_hash
-                for h in e.block_hashes:
-                    held[h] = held.get(h, 0) + 1
-                    self.parents[h] = parent
-                    parent = h
+                hashes = list(e.block_hashes)
+                self._stored(hashes, [e.parent_block_hash, *hashes])
             elif isinstance(e, BlockRemoved):
-                for h in e.block_hashes:
-                    n = held.get(h, 0)
-                    if n > 1:
-                        held[h] = n - 1
-                    elif n == 1:
-                        del held[h]
-                        self.parents.pop(h, None)
+                self._removed(list(e.block_hashes))
             else:
-                held.clear()
+                self._held.clear()
                 self.parents.clear()
         self.last_seq = seq
         return True
@@ -157,17 +148,20 @@ class KVIndex:
         held = self._held
         if held.keys().isdisjoint(hashes) and len(set(hashes)) == len(hashes):
             held.update(dict.fromkeys(hashes, 1))     # new pages, each once: counts of 1
-            self.parents.update(zip(hashes, parents))
+            if self._parents:
+                self.parents.update(zip(hashes, parents))
             return
         for h, parent in zip(hashes, parents):
             held[h] = held.get(h, 0) + 1
-            self.parents[h] = parent
+            if self._parents:
+                self.parents[h] = parent
 
     def _removed(self, hashes: list[int]) -> None:
         held, parents = self._held, self.parents
         if list(map(held.get, hashes)).count(1) == len(hashes) and len(set(hashes)) == len(hashes):
             deque(map(held.__delitem__, hashes), 0)  # pages held once, each removed once
-            deque(map(parents.pop, hashes, repeat(None)), 0)
+            if self._parents:
+                deque(map(parents.pop, hashes, repeat(None)), 0)
             return
         for h in hashes:
             n = held.get(h, 0)

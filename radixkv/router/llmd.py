@@ -46,7 +46,7 @@ class EventIndexes:
     """One KVIndex per replica, fed in order from the replicas' events."""
 
     def __init__(self, n: int, page_size: int):
-        self.indexes = [KVIndex() for _ in range(n)]
+        self.indexes = [KVIndex(parents=False) for _ in range(n)]    # held pages only
         self.page_size = page_size
 
     def apply(self, replica: int, events: Events) -> None:

@@ -99,6 +99,7 @@ class RadixKVRouter(Router):
         self.flying = [0] * self.n           # requests routed, not finished
         self.ahead = [0] * self.n            # of those, first token not back yet
         self.budget = [0] * self.n           # their output budgets
+        self._prefill_s: dict[tuple[int, int], float] = {}   # prefill_time's, by its arguments
         self.fit = None
         if self.options.fit:
             one = self.cost.step_time((), [2048])
@@ -109,18 +110,28 @@ class RadixKVRouter(Router):
     # ---- prediction ---------------------------------------------------------------------------
     def prefill_time(self, prefix: int, new: int) -> float:
         """Seconds to prefill `new` tokens after `prefix` cached ones, one chunk per step."""
-        chunk, t = self.context.prefill_chunk, 0.0
-        while new > 0:
-            n = min(chunk, new)
-            t += self.cost.step_time([(prefix, n)], ())
-            prefix, new = prefix + n, new - n
+        t = self._prefill_s.get((prefix, new))
+        if t is None:
+            chunk, t, p, left = self.context.prefill_chunk, 0.0, prefix, new
+            while left > 0:
+                n = min(chunk, left)
+                t += self.cost.step_time([(p, n)], ())
+                p, left = p + n, left - n
+            if len(self._prefill_s) >= 1 << 16:
+                self._prefill_s.clear()
+            self._prefill_s[(prefix, new)] = t
         return t
 
     def held_pages(self, replica: int, hashes: Sequence[int]) -> int:
         """Leading pages of `hashes` the replica holds or will hold (in flight)."""
         held, flying = self.index.indexes[replica].held_map, self.inflight[replica]
-        known = map(or_, map(held.__contains__, hashes), map(flying.__contains__, hashes))
-        return next(compress(count(), map(not_, known)), len(hashes))   # the first unknown
+        n = len(hashes)
+        i = next(compress(count(), map(not_, map(held.__contains__, hashes))), n)
+        if i == n or not flying:
+            return i                              # the first page neither held nor in flight
+        rest = hashes[i:]
+        known = map(or_, map(held.__contains__, rest), map(flying.__contains__, rest))
+        return next(compress(count(i), map(not_, known)), n)
 
     def hit_tokens(self, replica: int, hashes: Sequence[int], prompt_len: int) -> int:
         """Prompt tokens the replica holds or will hold; a match never covers the last one."""

@@ -76,7 +76,7 @@ class TTFTFit:
     def refit(self) -> None:
         if not self.xs:
             return
-        X, y = np.vstack(self.xs), np.fromiter(self.ys, float, len(self.ys))
+        X, y = np.array(self.xs), np.fromiter(self.ys, float, len(self.ys))   # rows: observations
         # the prior as pseudo-observations: feature j pulled to theta0[j] with the weight of
         # `prior` typical observations of it
         scale = np.sqrt(self.prior * np.maximum((X ** 2).mean(axis=0), 1e-12))

@@ -176,3 +176,6 @@ def test_apply_kv_matches_a_page_by_page_reference(ops):
             parents.clear()
     ix.apply_kv(0, events, 2)
     assert ix.held_map == held and ix.parents == parents
+    bare = KVIndex(parents=False)                 # a router's index: what is held, no tree
+    bare.apply_kv(0, events, 2)
+    assert bare.held_map == held and bare.parents == {}
