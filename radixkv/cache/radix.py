@@ -23,7 +23,7 @@ import numpy as np
 
 from radixkv.cache.base import HostStore, InsertResult, MatchResult, PrefixCache, as_key
 from radixkv.cache.events import EventRun, KVEvent, chain_run, check_hash_algo, run_pages
-from radixkv.cache.key import TOKEN_BYTES, RadixKey, first_divergence, token_struct
+from radixkv.cache.key import TOKEN_BYTES, RadixKey, first_divergence
 from radixkv.cache.orders import EvictionOrder
 from radixkv.cache.pins import PinTable
 from radixkv.cache.policies import make_sort_key
