@@ -33,10 +33,10 @@ def _namespace_bytes(namespace: tuple) -> bytes:
 
 def chain_hash(parent: int | None, namespace: tuple, packed_tokens: bytes, algo: str = "sha256") -> int:
     """64-bit block hash of (parent hash, namespace, packed uint32 token ids)."""
-    head = (b"\x00" * 8 if parent is None else parent.to_bytes(8, "little")) + _namespace_bytes(namespace)
     if algo == SIM_HASH:
         return sim64_chain(parent, _namespace_bytes(namespace), packed_tokens,
-                           len(packed_tokens) // 4)[0]
+                           len(packed_tokens) // TOKEN_BYTES)[0]
+    head = (b"\x00" * 8 if parent is None else parent.to_bytes(8, "little")) + _namespace_bytes(namespace)
     payload = len(head).to_bytes(4, "little") + head + packed_tokens
     if algo == "sha256":
         return int.from_bytes(hashlib.sha256(payload).digest()[:8], "little")
@@ -49,8 +49,8 @@ def chain_hashes(parent: int | None, namespace: tuple, pages: list[bytes], algo:
     the same values, each looked up in the process's memo first. The first page mixes in
     `first` instead of `namespace` when given (a block chain salts its first block only)."""
     if algo == SIM_HASH:
-        return chain_run(parent, namespace, b"".join(pages), len(pages[0]) // 4 if pages else 1,
-                         algo, first)
+        return chain_run(parent, namespace, b"".join(pages),
+                         len(pages[0]) // TOKEN_BYTES if pages else 1, algo, first)
     out: list[int] = []
     if first is not None and pages:
         parent = _memo(parent, first, pages[0], algo)
@@ -79,7 +79,7 @@ def chain_run(parent: int | None, namespace: tuple, buf: bytes, page_size: int,
     if algo == SIM_HASH:
         return sim64_chain(parent, _namespace_bytes(namespace), buf, page_size,
                            None if first is None else _namespace_bytes(first))
-    pb = 4 * page_size
+    pb = TOKEN_BYTES * page_size
     return chain_hashes(parent, namespace, [buf[i:i + pb] for i in range(0, len(buf) - pb + 1, pb)],
                         algo, first)
 
