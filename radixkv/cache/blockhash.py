@@ -53,7 +53,7 @@ from radixkv.cache.base import InsertResult, MatchResult, PrefixCache, as_key
 from radixkv.cache.blockhash_check import BlockChecks
 from radixkv.cache.blockhash_handles import TOKEN as _TOKEN
 from radixkv.cache.blockhash_handles import Block, BlockLocks, BlockViews, Chain
-from radixkv.cache.events import KVEvent, check_hash_algo, removed_events
+from radixkv.cache.events import EventRun, check_hash_algo
 from radixkv.cache.free_queue import FreeQueue
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS, page_slots
@@ -72,7 +72,7 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
         self.block_size = block_size
         self.hash_algo, self.enable_events = check_hash_algo(hash_algo), enable_events
         self._row = np.dtype((np.void, block_size * _TOKEN.itemsize))   # one block of key.buf
-        self._events: list[KVEvent] = []
+        self._events: list[EventRun] = []             # one record per run stored or evicted
         # per block id, grown on demand and never shrunk (a handle's ids always index them)
         self._node = np.full(1024, -1, np.int64)      # its content node; -1: not cached
         self._serial = np.zeros(1024, np.int64)       # its registration; 0: not cached
@@ -105,7 +105,7 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
         self._version = next(_versions)                     # changes whenever a match could
         self._drops += 1
         if self.enable_events:
-            self._events.append(KVEvent("cleared"))
+            self._events.append(EventRun("cleared", []))
 
     # ---- lookup ---------------------------------------------------------------------------
     def _walk(self, key: RadixKey) -> tuple[list[bytes], list[int]]:
@@ -337,7 +337,7 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
             first[nodes] = -1                     # and its only one: each node is left bare
             bare = nodes[self._nk[nodes] == 0]    # unless it has a child
         if self.enable_events:
-            self._events += removed_events(map(self._hash.__getitem__, nodes.tolist()))
+            self._events.append(EventRun("removed", list(map(self._hash.__getitem__, nodes.tolist()))))
         if self._views:
             for bid in victims.tolist():
                 self._views.pop(bid, None)

@@ -8,27 +8,43 @@ from __future__ import annotations
 import numpy as np
 
 from radixkv.cache.blockhash_handles import TOKEN
-from radixkv.cache.events import KVEvent, chain_hash, chain_hashes, new_event
-from radixkv.cache.key import RadixKey, token_struct
+from radixkv.cache.events import EventRun, KVEvent, chain_hash, chain_hashes, run_pages
+from radixkv.cache.key import RadixKey
+
+
+def _spans(positions: list[int]) -> list[tuple[int, int]]:
+    """Ascending positions cut into runs of consecutive ones, each as (first, last + 1)."""
+    if not positions:
+        return []
+    if positions[-1] - positions[0] == len(positions) - 1:
+        return [(positions[0], positions[-1] + 1)]
+    spans, start = [], positions[0]
+    for prev, i in zip(positions, positions[1:]):
+        if i != prev + 1:
+            spans.append((start, prev + 1))
+            start = i
+    spans.append((start, positions[-1] + 1))
+    return spans
 
 
 class BlockChecks:
     def _store_events(self, key: RadixKey, positions: list[int], path: list[int],
                       pages: list[bytes]) -> None:
-        """A "stored" event per new block, in key order. Content seen before kept its node and
-        hash; new content is the key's last blocks, one chain hashed in one call."""
+        """A "stored" EventRun per run of consecutive new blocks, in key order (vLLM's
+        BlockStored: one per run of blocks). Content seen before kept its node and hash; new
+        content is the key's last blocks, one chain hashed in one call."""
         ns, h = key.namespace, self._hash
-        todo = [i for i in positions if path[i] not in h]
-        runs = [todo] if todo and todo[-1] - todo[0] == len(todo) - 1 else [[i] for i in todo]
-        for run in runs:                          # consecutive positions: a parent-child chain
-            i0 = run[0]
-            got = chain_hashes(h.get(self._parent[path[i0]]), (ns[0], None),
-                               [pages[i] for i in run], self.hash_algo, first=ns if i0 == 0 else None)
-            h.update(zip([path[i] for i in run], got))
+        hashed = any(map(h.__contains__, map(path.__getitem__, positions)))
+        todo = [i for i in positions if path[i] not in h] if hashed else positions
+        for a, z in _spans(todo):                 # consecutive positions: a parent-child chain
+            got = chain_hashes(h.get(self._parent[path[a]]), (ns[0], None), pages[a:z],
+                               self.hash_algo, first=ns if a == 0 else None, memo=False)
+            h.update(zip(path[a:z], got))
         # a block's parent block is the one before it in the key (the first one's: none)
-        kb, rb, tokens = key.buf, self._row.itemsize, token_struct(self.block_size).unpack_from
-        self._events += [new_event(KVEvent, ("stored", h[path[i]], h.get(path[i - 1]) if i else None,
-                                             tokens(kb, i * rb), ns)) for i in positions]
+        kb, rb = key.buf, self._row.itemsize
+        for a, z in _spans(positions):
+            self._events.append(EventRun("stored", list(map(h.__getitem__, path[a:z])),
+                                         h.get(path[a - 1]) if a else None, kb[a * rb:z * rb], ns))
 
     def _reject(self, ids: np.ndarray, held: np.ndarray, path: list[int]) -> None:
         """The insert's checks in full, in their order: raise naming the first fault."""
@@ -42,6 +58,9 @@ class BlockChecks:
         raise ValueError(f"block {int(ids[bad.argmax()])} is already registered with other content")
 
     def take_events(self) -> list[KVEvent]:
+        return run_pages(self.take_event_runs())
+
+    def take_event_runs(self) -> list[EventRun]:
         ev, self._events = self._events, []
         return ev
 

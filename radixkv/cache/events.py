@@ -44,9 +44,10 @@ def chain_hash(parent: int | None, namespace: tuple, packed_tokens: bytes, algo:
 
 
 def chain_hashes(parent: int | None, namespace: tuple, pages: list[bytes], algo: str = "sha256",
-                 first: tuple | None = None) -> list[int]:
+                 first: tuple | None = None, memo: bool = True) -> list[int]:
     """chain_hash down a run of pages, each chained on the one before (the first on `parent`):
-    the same values, each looked up in the process's memo first. The first page mixes in
+    the same values, each looked up in the process's memo first unless `memo` is False (a
+    caller that keeps each page's hash itself hashes new pages only). The first page mixes in
     `first` instead of `namespace` when given (a block chain salts its first block only)."""
     if algo == SIM_HASH:
         return chain_run(parent, namespace, b"".join(pages),
@@ -57,7 +58,11 @@ def chain_hashes(parent: int | None, namespace: tuple, pages: list[bytes], algo:
         out.append(parent)
         pages = pages[1:]
     ns = _namespace_bytes(namespace)
-    lead, zero, sha, memo = (8 + len(ns)).to_bytes(4, "little"), b"\x00" * 8, algo == "sha256", _MEMO
+    lead, zero, sha = (8 + len(ns)).to_bytes(4, "little"), b"\x00" * 8, algo == "sha256"
+    if not memo:
+        return _chain_plain(lead + (zero if parent is None else parent.to_bytes(8, "little")),
+                            ns, pages, sha, out)
+    memo = _MEMO
     for page in pages:
         k = (parent, namespace, page, algo)
         h = memo.get(k)
@@ -70,6 +75,18 @@ def chain_hashes(parent: int | None, namespace: tuple, pages: list[bytes], algo:
             memo[k] = h
         out.append(h)
         parent = h
+    return out
+
+
+def _chain_plain(head: bytes, ns: bytes, pages: list[bytes], sha: bool, out: list[int]) -> list[int]:
+    """chain_hashes' loop without the memo, appending to `out`; `head`: the first payload's
+    length prefix and parent hash."""
+    sha256, lead, fb = hashlib.sha256, head[:4], int.from_bytes
+    for page in pages:
+        payload = b"".join((head, ns, page))
+        h = fb(sha256(payload).digest()[:8], "little") if sha else xxhash.xxh3_64_intdigest(payload)
+        out.append(h)
+        head = lead + h.to_bytes(8, "little")
     return out
 
 

@@ -138,8 +138,8 @@ class Engine:
         Returns the steps run (0: the next step is not one of these; step() runs it)."""
         if not self.executor.prices_decodes or self.config.check_invariants:
             return 0
-        price = self.executor.decode_step_time
-        sched, pool, tl = self.sched, self.pool, self.timeline
+        price, charge = self.executor.decode_step_time, self.executor.charge
+        sched, pool, tick = self.sched, self.pool, self.manager.tick
         reqs = sched.decode_batch()
         if reqs is None:
             return 0
@@ -147,31 +147,48 @@ class Engine:
         left = min(len(r.forced_output) - r.num_output for r in reqs)   # steps before a finish
         if max_steps is not None:
             left = min(left, max_steps - self.steps)
-        ctx = [r.num_computed for r in reqs]
-        ctx_sum, ctx_max = sum(ctx), max(ctx)
+        done = [r.num_computed for r in reqs]     # at the run's start; step j computes done + j
+        ctx_sum, ctx_max = sum(done), max(done)
+        # the step at which each request fills its slots and needs a page (by position in reqs)
+        wake: dict[int, list[int]] = {}
+        for i, r in enumerate(reqs):
+            wake.setdefault(max(r.num_slots - done[i], 0), []).append(i)
         due = self._arrivals[0][0] if self._arrivals else math.inf
         quiet_evict = evict_events or not self.cache.enable_events   # heard later, or never
-        k = 0
-        while k < left and due > self.now:
-            needy = [r for r in reqs if r.num_slots <= r.num_computed]
-            need = len(needy) * ps
-            if need > pool.available() and (not quiet_evict or need > self.manager.budget()):
-                break                             # a KV event, or a retraction: step() runs it
+        now, used, times, kv, k = self.now, pool.used(), [], [], 0
+        while k < left and due > now:
             dt = price(b, ctx_sum, ctx_max)
-            if self.now + dt > horizon:
+            if now + dt > horizon:
                 break
-            self.manager.tick(self.now)
-            sched.decode_step(reqs, needy)
-            self.executor.charge(dt)
-            self.now += dt
+            if k in wake:
+                needy = sorted(wake[k])
+                need = len(needy) * ps
+                if k:
+                    tick(self.now)                # the pins as the step before left them
+                if need > pool.available() and (not quiet_evict or need > self.manager.budget()):
+                    break                         # a KV event, or a retraction: step() runs it
+                tick(now)                         # an eviction may read the clock
+                self.manager.grow([reqs[i] for i in needy], ps)
+                for i in wake.pop(k):
+                    wake.setdefault(max(reqs[i].num_slots - done[i], k + 1), []).append(i)
+                used = pool.used()
+            charge(dt)
+            self.now = now                        # the clock the last step started at
+            now += dt
             ctx_sum, ctx_max = ctx_sum + b, ctx_max + 1
-            self.steps += 1
-            tl["t"].append(self.now)
-            tl["waiting"].append(0)
-            tl["running"].append(b)
-            tl["kv_used"].append(pool.used())
+            times.append(now)
+            kv.append(used)
             k += 1
         if k:
+            tick(self.now)                        # as each step ticks before it runs
+            self.now = now
+            sched.decode_steps(reqs, k)
+            self.steps += k
+            tl = self.timeline
+            tl["t"] += times
+            tl["waiting"] += [0] * k
+            tl["running"] += [b] * k
+            tl["kv_used"] += kv
             self.last_prefill = False
         return k
 

@@ -52,9 +52,12 @@ class TTFTFit:
         positive_int(refit_every, "TTFTFit refit_every")
         self.theta0 = np.array([1.0, 1.0, 0.0, 0.0, running_prior, overflow_prior, 0.0])
         self.theta = self.theta0.copy()
-        self.prior, self.refit_every = prior, refit_every
-        self.xs: deque[np.ndarray] = deque(maxlen=window)
-        self.ys: deque[float] = deque(maxlen=window)
+        self.prior, self.refit_every, self.window = prior, refit_every, window
+        # the observations, oldest first, in rows [end - window, end) of twice the window: a
+        # full buffer moves its last window - 1 rows to the front, once per window observed
+        self._X = np.empty((2 * window, len(FEATURES)))
+        self._y = np.empty(2 * window)
+        self._end = 0
         self.errors: deque[float] = deque(maxlen=window)
         self.seen = 0
 
@@ -65,18 +68,29 @@ class TTFTFit:
         """`measured` seconds to the first token of a request routed with features `x`, for
         which `predicted` was said at routing."""
         finite_at_least(measured, "measured TTFT", 0)
-        self.xs.append(np.asarray(x, dtype=float))
-        self.ys.append(measured)
+        X, y, end = self._X, self._y, self._end
+        if end == len(y):
+            keep = self.window - 1
+            X[:keep], y[:keep] = X[end - keep:end], y[end - keep:end]
+            end = keep
+        X[end], y[end] = x, measured
+        self._end = end + 1
         if measured > 0:
             self.errors.append(abs(predicted / measured - 1.0))
         self.seen += 1
         if self.seen % self.refit_every == 0:
             self.refit()
 
+    def observations(self) -> tuple[np.ndarray, np.ndarray]:
+        """The window the fit regresses on, oldest first: features (rows) and measured TTFTs."""
+        lo = max(0, self._end - self.window)
+        return self._X[lo:self._end].copy(), self._y[lo:self._end].copy()
+
     def refit(self) -> None:
-        if not self.xs:
+        if not self._end:
             return
-        X, y = np.array(self.xs), np.fromiter(self.ys, float, len(self.ys))   # rows: observations
+        lo = max(0, self._end - self.window)
+        X, y = self._X[lo:self._end], self._y[lo:self._end]     # rows: observations
         # the prior as pseudo-observations: feature j pulled to theta0[j] with the weight of
         # `prior` typical observations of it
         scale = np.sqrt(self.prior * np.maximum((X ** 2).mean(axis=0), 1e-12))

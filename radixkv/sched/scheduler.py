@@ -192,17 +192,22 @@ class Scheduler:
                 return None
         return self.running
 
-    def decode_step(self, reqs: list[Request], needy: list[Request]) -> None:
-        """One round of `decode_batch()` and its result, as schedule() and process() apply
-        it: a new page for each request that filled one, the script's next token for every
-        request (none finishes: the caller checked), the ratio's decay."""
-        if needy:
-            self.mgr.grow(needy, self.mgr.page_size)
+    def decode_steps(self, reqs: list[Request], k: int) -> None:
+        """`k` rounds of `decode_batch()` and their results, as schedule() and process() apply
+        them, but for the pages (the caller grew each request as it filled one): the script's
+        next k tokens for every request (none finishes: the caller checked), the ratio's decay
+        once per round."""
         for r in reqs:
-            r.num_computed += 1
-            r.tokens.append(r.forced_output[len(r.tokens) - r.prompt_len])
-        self.new_token_ratio = max(self.cfg.min_new_token_ratio,
-                                   self.new_token_ratio - self.cfg.new_token_ratio_decay)
+            r.num_computed += k
+            at = len(r.tokens) - r.prompt_len
+            r.tokens += r.forced_output[at:at + k]
+        ratio, floor, decay = self.new_token_ratio, self.cfg.min_new_token_ratio, \
+            self.cfg.new_token_ratio_decay
+        for _ in range(k):
+            ratio = max(floor, ratio - decay)
+            if ratio == floor:                    # and there it stays
+                break
+        self.new_token_ratio = ratio
 
     # ---- retraction ---------------------------------------------------------------------------
     def retract(self, req: Request) -> None:

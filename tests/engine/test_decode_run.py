@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from radixkv.config import CacheConfig, EngineConfig
 from radixkv.engine.engine import Engine, request_from_trace
+from radixkv.cache.key import RadixKey
 from radixkv.engine.metrics import RequestRecord
 from radixkv.router.cluster import ClusterConfig, run_cluster
 from radixkv.sched.config import SchedulerConfig
@@ -24,7 +25,8 @@ COST = CostModel.named("llama-3-8b", "h100-sxm")
 @st.composite
 def workloads(draw) -> Workload:
     """Requests over a few shared prefixes, arriving over a second, most scripted, some with an
-    output length only (filler ids), a few with a stop id inside their script."""
+    output length only (filler ids), a few with a stop id inside their script; some pin their
+    prompt for a while (pins expire inside decode runs: the engine's clock reaches the cache)."""
     prefixes = [tuple(range(1000 * p, 1000 * p + draw(st.integers(0, 60)))) for p in range(3)]
     reqs = []
     for i in range(draw(st.integers(1, 14))):
@@ -32,12 +34,14 @@ def workloads(draw) -> Workload:
             draw(st.lists(st.integers(0, 50), min_size=1, max_size=40)))
         arrival = draw(st.floats(0, 1.0))
         kind = draw(st.sampled_from(["script", "script", "script", "length"]))
+        pin = draw(st.sampled_from([0.0, 0.0, 0.0, 0.004, 0.03]))
         if kind == "script":
             n, seed = draw(st.integers(0, 300)), draw(st.integers(0, 60))
             out = tuple((seed + 7 * j) % 61 for j in range(n))
-            reqs.append(TraceRequest(f"r{i}", arrival, prompt, output=out))
+            reqs.append(TraceRequest(f"r{i}", arrival, prompt, output=out, pin_ttl=pin))
         else:
-            reqs.append(TraceRequest(f"r{i}", arrival, prompt, output_len=draw(st.integers(1, 60))))
+            reqs.append(TraceRequest(f"r{i}", arrival, prompt, output_len=draw(st.integers(1, 60)),
+                                     pin_ttl=pin))
     return Workload("w", reqs)
 
 
@@ -54,8 +58,8 @@ def _fingerprint(engine: Engine) -> tuple:
             engine.pool.used(), [list(r.tokens) for r in engine.requests])
 
 
-def _engine(wl: Workload, page: int, capacity: int, stop: bool) -> Engine:
-    cfg = EngineConfig(kv_capacity=capacity, cache=CacheConfig("radix", page),
+def _engine(wl: Workload, page: int, capacity: int, stop: bool, eviction: str = "lru") -> Engine:
+    cfg = EngineConfig(kv_capacity=capacity, cache=CacheConfig("radix", page, eviction),
                        sched=SchedulerConfig(chunked_prefill_size=64, max_prefill_tokens=64))
     e = Engine(cfg, cfg.cache.build(), SimExecutor(COST))
     for i, tr in enumerate(wl):
@@ -64,11 +68,13 @@ def _engine(wl: Workload, page: int, capacity: int, stop: bool) -> Engine:
 
 
 @settings(max_examples=120, deadline=None)
-@given(wl=workloads(), page=st.sampled_from([1, 4, 16]), tight=st.booleans(), stop=st.booleans())
-def test_an_engine_with_decode_runs_equals_one_stepped_round_by_round(wl, page, tight, stop):
+@given(wl=workloads(), page=st.sampled_from([1, 4, 16]), tight=st.booleans(), stop=st.booleans(),
+       eviction=st.sampled_from(["lru", "slru", "lfu"]))
+def test_an_engine_with_decode_runs_equals_one_stepped_round_by_round(wl, page, tight, stop,
+                                                                       eviction):
     need = max(len(tr.prompt) + (tr.output_len or 0) + 2 for tr in wl)
     capacity = -(-(need + (0 if tight else 4000)) // page) * page + page
-    a, b = _engine(wl, page, capacity, stop), _engine(wl, page, capacity, stop)
+    a, b = (_engine(wl, page, capacity, stop, eviction), _engine(wl, page, capacity, stop, eviction))
     _stepped(a)
     b.run_until_idle()
     assert _fingerprint(a) == _fingerprint(b)
@@ -129,3 +135,22 @@ def test_the_collector_is_paused_for_a_simulation_and_restored_after_it_even_on_
         assert not gc.isenabled()                 # left as it was found
     finally:
         gc.enable()
+
+
+def test_a_pin_expiring_inside_a_decode_run_frees_its_prefix_for_that_runs_evictions():
+    """Y pinned briefly, X cached after it; a long decode then evicts a page a step once the
+    pool is full, well after Y's pin ran out: Y, the older, loses its pages first, in the run
+    as in the stepped engine (the run ticks the cache's clock before each eviction)."""
+    Y, X, Z = tuple(range(100, 110)), tuple(range(200, 210)), tuple(range(300, 310))
+    wl = Workload("w", [
+        TraceRequest("y", 0.0, Y, output=(1,), pin_ttl=0.05),
+        TraceRequest("x", 0.001, X, output=(1,)),
+        TraceRequest("z", 0.01, Z, output=tuple(range(150))),
+    ])
+    capacity = 10 + 10 + 10 + 150 - 5 + 2      # five pages short at the end of z's decode
+    a, b = _engine(wl, 1, capacity, False), _engine(wl, 1, capacity, False)
+    _stepped(a)
+    b.run_until_idle()
+    assert _fingerprint(a) == _fingerprint(b)
+    held = [e.manager.peek(RadixKey(p)).prefix_len for e in (a, b) for p in (Y, X)]
+    assert held == [6, 10, 6, 10]                   # Y's unpinned pages went, X kept all

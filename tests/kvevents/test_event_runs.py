@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv.cache.events import (EventRun, KVEvent, chain_hash, chain_hashes, chain_run,
                                   removed_events, run_pages)
+from radixkv.cache.blockhash import BlockHashCache
 from radixkv.cache.key import RadixKey, pack_tokens
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
@@ -77,29 +79,39 @@ def _pages_by_hand(run: EventRun, ps: int) -> list[KVEvent]:
             for i, h in enumerate(run.hashes)]
 
 
-@pytest.mark.parametrize("algo", ["sha256", "sim64"])
-def test_a_radix_cache_records_runs_and_gives_the_same_pages(algo):
+@pytest.mark.parametrize("kind, algo", [("radix", "sha256"), ("radix", "sim64"),
+                                        ("blockhash", "sha256"), ("blockhash", "xxhash")])
+def test_a_cache_records_runs_and_gives_the_same_pages(kind, algo):
+    """Pages stored, shared (a block cache caches identical content twice) and evicted under
+    random prompts: every record is an EventRun, the runs expand to the pages by hand, and an
+    index fed runs or pages holds exactly the cache's page hashes."""
     rng = random.Random(7)
-    pool, tree = SlotPool(600), RadixCache(page_size=4, enable_events=True, hash_algo=algo)
+    if kind == "radix":
+        pool, cache = SlotPool(600), RadixCache(page_size=4, enable_events=True, hash_algo=algo)
+    else:
+        pool = SlotPool(800, page_size=4)
+        cache = BlockHashCache(block_size=4, enable_events=True, hash_algo=algo)
     index_pages, index_runs = KVIndex(), KVIndex()
-    for step in range(120):
+    for step in range(150):
         prefix = rng.choice([[1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9], []])
-        seq = prefix + [rng.randrange(50) for _ in range(rng.randrange(1, 24))]
-        if rng.random() < 0.3 and tree.evictable_size():
-            pool.free(tree.evict(rng.randrange(1, 20)))
+        seq = prefix + [rng.randrange(40) for _ in range(rng.randrange(1, 24))]
+        if rng.random() < 0.3 and cache.evictable_size():
+            pool.free(cache.evict(rng.randrange(1, 20)))
         n = len(seq) // 4 * 4
         if n and pool.available() >= n:
             slots = pool.alloc(n)
-            res = tree.insert(RadixKey(seq[:n], cache_salt=rng.choice([None, "s"])), slots)
-            pool.free(slots[:res.prefix_len])
-        runs = tree.take_event_runs()
+            res = cache.insert(RadixKey(seq[:n], cache_salt=rng.choice([None, "s"])), slots)
+            if kind == "radix":
+                pool.free(slots[:res.prefix_len])     # the tree kept its own copies of those
+        runs = cache.take_event_runs()
+        assert all(type(r) is EventRun for r in runs)
         pages = run_pages(runs)
         assert pages == [e for r in runs for e in _pages_by_hand(r, 4)]
         assert index_runs.apply_kv(step, runs, 4) and index_pages.apply_kv(step, pages, 4)
         assert index_runs.held_map == index_pages.held_map
         assert index_runs.parents == index_pages.parents
-        assert index_runs.hashes() == tree.page_hashes()
-        tree.check_invariants()
+        assert index_runs.hashes() == cache.page_hashes()
+        cache.check_invariants()
 
 
 def test_a_trim_after_a_store_leaves_the_recorded_run_whole():
@@ -112,6 +124,38 @@ def test_a_trim_after_a_store_leaves_the_recorded_run_whole():
     removed = tree.take_event_runs()
     assert [(r.kind, r.hashes) for r in removed] == [("removed", stored[0].hashes[2:])]
     assert len(stored[0].hashes) == 3 and len(stored[0].pages()) == 3
+
+
+def test_a_block_cache_records_one_run_per_run_of_new_blocks():
+    cache = BlockHashCache(block_size=2, enable_events=True)
+    key = RadixKey([1, 2, 3, 4, 5, 6])
+    cache.insert(key, np.arange(6))                                  # blocks 0, 1, 2: one run
+    (run,) = cache.take_event_runs()
+    h = chain_hashes(None, NS, [pack_tokens(t) for t in ([1, 2], [3, 4], [5, 6])])
+    assert run == EventRun("stored", h, None, key.buf, NS)
+    # block 1 already holds the middle content; blocks 7 and 9 copy the first and last: two
+    # runs, the second chained on the middle block's hash
+    cache.insert(key, np.concatenate([np.arange(14, 16), np.arange(2, 4), np.arange(18, 20)]))
+    assert cache.take_event_runs() == [EventRun("stored", h[:1], None, key.buf[:8], NS),
+                                       EventRun("stored", h[2:], h[1], key.buf[16:], NS)]
+    assert cache.duplicate_blocks == 2
+    cache.evict(4)                                                   # the free queue's head
+    assert cache.take_event_runs() == [EventRun("removed", [h[2], h[1]])]
+    cache.reset()
+    assert cache.take_event_runs() == [EventRun("cleared", [])]
+
+
+@pytest.mark.parametrize("algo", ["sha256", "xxhash"])
+@pytest.mark.parametrize("parent, first", [(None, None), (12345, None), (None, ("k", "salt"))])
+def test_chain_hashes_without_the_memo_are_the_same(algo, parent, first):
+    pages = [pack_tokens([i, i + 1, i + 2]) for i in range(0, 30, 3)]
+    want = chain_hashes(parent, ("k", None), pages, algo, first)
+    assert chain_hashes(parent, ("k", None), pages, algo, first, memo=False) == want
+    one, p = [], parent
+    for i, page in enumerate(pages):
+        p = chain_hash(p, first if first and i == 0 else ("k", None), page, algo)
+        one.append(p)
+    assert one == want
 
 
 # ---- KVIndex: runs and pages, bad batches -----------------------------------------------------

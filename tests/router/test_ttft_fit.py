@@ -23,7 +23,7 @@ COST = CostModel.named("llama-3-8b", "h100-sxm")
 
 def system(fit: TTFTFit) -> tuple[np.ndarray, np.ndarray]:
     """The least-squares system the fit solves, rebuilt from its window (the prior as rows)."""
-    X, y = np.vstack(fit.xs), np.array(fit.ys)
+    X, y = fit.observations()
     scale = np.sqrt(fit.prior * np.maximum((X ** 2).mean(axis=0), 1e-12))
     return np.vstack([X, np.diag(scale)]), np.concatenate([y, scale * fit.theta0])
 
@@ -86,7 +86,7 @@ def test_bad_fit_settings_and_measurements_are_named(args, message):
     fit = TTFTFit(0.0, 0.0)
     with pytest.raises(ValueError, match="measured TTFT"):
         fit.observe(np.ones(K), -0.5, 0.0)
-    assert fit.seen == 0 and not fit.xs
+    assert fit.seen == 0 and not len(fit.observations()[1])
     with pytest.raises(ValueError, match="fit_tie"):
         RadixKVOptions(fit=True, fit_tie=-0.1)
     with pytest.raises(ValueError, match="fit must be True or False"):
@@ -112,7 +112,8 @@ def test_the_router_fits_on_the_features_it_routed_on_and_ignores_late_reports()
     assert x[FEATURES.index("new")] == pytest.approx(0.004)
     assert x[FEATURES.index("overflow")] == pytest.approx(0.604)
     r.on_ttft(i, a, 0.25)
-    assert r.fit.seen == 1 and np.array_equal(r.fit.xs[0], x_said) and r.fit.ys[0] == 0.25
+    X, y = r.fit.observations()
+    assert r.fit.seen == 1 and np.array_equal(X, [x_said]) and y.tolist() == [0.25]
     r.on_first_token(i, a)
     r.on_ttft(i, a, 9.0)                      # reported twice: counted once
     assert r.fit.seen == 1 and r.ahead[i] == 0 and r.flying[i] == 1
@@ -152,3 +153,13 @@ def test_in_the_cluster_simulator_every_ttft_reaches_the_fit_and_it_tracks_them(
     # the same run twice: the same routes (the fit is deterministic)
     assert run_cluster(WL, CFG, "radixkv", COST, RadixKVOptions(fit=True)) == \
         run_cluster(WL, CFG, "radixkv", COST, RadixKVOptions(fit=True))
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_the_window_holds_the_latest_observations_oldest_first_across_wraps(window):
+    fit = TTFTFit(0.0, 0.0, window=window, refit_every=1000)
+    for k in range(5 * window + 2):
+        fit.observe(np.full(7, float(k)), float(k), 1.0)
+        X, y = fit.observations()
+        want = list(range(max(0, k + 1 - window), k + 1))
+        assert y.tolist() == want and X[:, 0].tolist() == want and X.shape == (len(want), 7)
