@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import compress, count, groupby, repeat
-from operator import itemgetter, not_
+from operator import is_not, itemgetter, not_
 
 import zmq
 
@@ -158,11 +158,13 @@ class KVIndex:
 
     def _removed(self, hashes: list[int]) -> None:
         held, parents = self._held, self.parents
-        if list(map(held.get, hashes)).count(1) == len(hashes) and len(set(hashes)) == len(hashes):
-            deque(map(held.__delitem__, hashes), 0)  # pages held once, each removed once
+        counts = list(map(held.pop, hashes, repeat(None)))
+        if counts.count(1) == len(hashes):        # pages held once, each removed once: done
             if self._parents:
                 deque(map(parents.pop, hashes, repeat(None)), 0)
             return
+        # else put back what was taken (a page listed twice was taken once) and count down
+        held.update(compress(zip(hashes, counts), map(is_not, counts, repeat(None))))
         for h in hashes:
             n = held.get(h, 0)
             if n > 1:

@@ -31,7 +31,6 @@ is not the step cost's (other hardware, a host-bound engine, KV memory that bind
 """
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from itertools import compress, count, repeat
 from operator import not_, or_
@@ -243,10 +242,10 @@ class RadixKVRouter(Router):
             return
         self.flying[f.replica] -= 1
         self.budget[f.replica] -= f.budget
-        flying, hashes = self.inflight[f.replica], f.hashes
-        left = list(map((-1).__add__, map(flying.__getitem__, hashes)))
-        flying.update(zip(hashes, left))
-        deque(map(flying.__delitem__, compress(hashes, map(not_, left))), 0)
+        flying, hashes = self.inflight[f.replica], f.hashes   # a prompt's pages are distinct
+        left = list(map((-1).__add__, map(flying.pop, hashes, repeat(1))))
+        if left.count(0) != len(left):                      # pages other requests still fly
+            flying.update(compress(zip(hashes, left), left))
 
     def on_events(self, replica: int, events: Events) -> None:
         self.index.apply(self.check_replica(replica), events)

@@ -119,6 +119,21 @@ def test_radixkv_counts_an_in_flight_prefix():
     assert r.inflight[first] == {} and r.pending == [0] * 4
 
 
+def test_radixkv_counts_pages_two_requests_fly_until_the_last_one_finishes():
+    r = make_router("radixkv", ctx(2))
+    shared, own = list(range(4 * PS)), list(range(5000, 5000 + 2 * PS))
+    a, b = req("a", shared + own + [1]), req("b", shared + [2] * (3 * PS) + [3])
+    r.on_route(0, a)
+    r.on_route(0, b)
+    ha, hb = r.page_hashes(a), r.page_hashes(b)
+    assert ha[:4] == hb[:4] and len(ha) == 6 and len(hb) == 7
+    assert r.inflight[0] == {**dict.fromkeys(ha, 1), **dict.fromkeys(hb, 1), **dict.fromkeys(ha[:4], 2)}
+    r.on_finish(0, a)                          # the shared pages still fly with b
+    assert r.inflight[0] == dict.fromkeys(hb, 1)
+    r.on_finish(0, b)
+    assert r.inflight[0] == {} and r.flying == [0, 0]
+
+
 def test_radixkv_prefers_a_cold_idle_replica_when_the_warm_queue_costs_more():
     r = make_router("radixkv", ctx(2))
     prefix = list(range(256))
