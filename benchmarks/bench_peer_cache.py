@@ -115,16 +115,20 @@ def blockhash_rows(peer_wl: Path, our_wl: Path, repeat: int) -> list[tuple]:
 def events_rows(our_wl: Path, repeat: int) -> list[tuple]:
     """(capacity, events off µs, events on µs, hits equal) of radixkv's blockhash replay."""
     from radixkv.config import CacheConfig
-    from radixkv.offline.replay import replay
+    from radixkv.offline.replay import collect_simulation, replay
     from radixkv.workloads import load_workload
+
+    def run(events: bool, cap: int | None):
+        collect_simulation()        # the last run's cycles, freed outside the timer
+        return replay(w, CacheConfig("blockhash", 16, "lru", enable_events=events).build(), cap)
 
     w = load_workload(our_wl)
     rows = []
     for cap in (None, 50_000):
         off, on = [], []
         for _ in range(repeat):
-            off.append(replay(w, CacheConfig("blockhash", 16, "lru").build(), cap))
-            on.append(replay(w, CacheConfig("blockhash", 16, "lru", enable_events=True).build(), cap))
+            off.append(run(False, cap))
+            on.append(run(True, cap))
         rows.append((cap, statistics.median(s.cpu_us_per_request for s in off),
                      statistics.median(s.cpu_us_per_request for s in on),
                      all(s.hits == off[0].hits for s in off + on)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import lru_cache
+from itertools import repeat
 from typing import Iterable, Literal, NamedTuple
 
 import xxhash
@@ -80,13 +81,20 @@ def chain_hashes(parent: int | None, namespace: tuple, pages: list[bytes], algo:
 
 def _chain_plain(head: bytes, ns: bytes, pages: list[bytes], sha: bool, out: list[int]) -> list[int]:
     """chain_hashes' loop without the memo, appending to `out`; `head`: the first payload's
-    length prefix and parent hash."""
-    sha256, lead, fb = hashlib.sha256, head[:4], int.from_bytes
+    length prefix and parent hash. A SHA-256 chain carries its parent as the digest's first 8
+    bytes (the hash, little-endian) and converts the hashes to ints at the end."""
+    lead, parent = head[:4], head[4:]
+    if sha:
+        sha256, digests = hashlib.sha256, []
+        for page in pages:
+            parent = sha256(lead + parent + ns + page).digest()[:8]
+            digests.append(parent)
+        out += map(int.from_bytes, digests, repeat("little"))
+        return out
     for page in pages:
-        payload = b"".join((head, ns, page))
-        h = fb(sha256(payload).digest()[:8], "little") if sha else xxhash.xxh3_64_intdigest(payload)
+        h = xxhash.xxh3_64_intdigest(lead + parent + ns + page)
         out.append(h)
-        head = lead + h.to_bytes(8, "little")
+        parent = h.to_bytes(8, "little")
     return out
 
 
