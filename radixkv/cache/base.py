@@ -194,8 +194,9 @@ class PrefixCache(ABC):
 
     def take_event_runs(self) -> list[KVEvent | EventRun]:
         """take_events(), as the cache records them: an EventRun per run of pages where the
-        cache keeps runs (RadixCache), else its KVEvents. For a consumer that can take runs
-        whole (KVIndex.apply_kv); events.run_pages gives the KVEvents."""
+        cache keeps runs (RadixCache: per node; BlockHashCache: per run of new blocks and per
+        eviction), else its KVEvents. For a consumer that can take runs whole
+        (KVIndex.apply_kv); events.run_pages gives the KVEvents."""
         return self.take_events()
 
     def page_hashes(self) -> set[int]:
