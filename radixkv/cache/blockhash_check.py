@@ -5,6 +5,9 @@ checks that the kept walk (cache/blockhash.py) is exactly what a walk from the r
 `BlockChecks` is a part of `BlockHashCache`, reading its columns and arrays."""
 from __future__ import annotations
 
+from itertools import compress, count
+from operator import not_
+
 import numpy as np
 
 from radixkv.cache.blockhash_handles import TOKEN
@@ -33,18 +36,19 @@ class BlockChecks:
         """A "stored" EventRun per run of consecutive new blocks, in key order (vLLM's
         BlockStored: one per run of blocks). Content seen before kept its node and hash; new
         content is the key's last blocks, one chain hashed in one call."""
-        ns, h = key.namespace, self._hash
-        hashed = any(map(h.__contains__, map(path.__getitem__, positions)))
-        todo = [i for i in positions if path[i] not in h] if hashed else positions
-        for a, z in _spans(todo):                 # consecutive positions: a parent-child chain
-            got = chain_hashes(h.get(self._parent[path[a]]), (ns[0], None), pages[a:z],
-                               self.hash_algo, first=ns if a == 0 else None, memo=False)
-            h.update(zip(path[a:z], got))
-        # a block's parent block is the one before it in the key (the first one's: none)
-        kb, rb = key.buf, self._row.itemsize
-        for a, z in _spans(positions):
-            self._events.append(EventRun("stored", list(map(h.__getitem__, path[a:z])),
-                                         h.get(path[a - 1]) if a else None, kb[a * rb:z * rb], ns))
+        ns, h, kb, rb = key.namespace, self._hash, key.buf, self._row.itemsize
+        for a, z in _spans(positions):            # consecutive positions: a parent-child chain
+            # a copy of known content kept its node and hash; the nodes this insert made (the
+            # key's last blocks) are hashed here, in one call from the first without a hash
+            j = next(compress(count(a), map(not_, map(h.__contains__, path[a:z]))), z)
+            if j < z:
+                got = chain_hashes(h.get(path[j - 1]) if j else None, (ns[0], None), pages[j:z],
+                                   self.hash_algo, first=ns if j == 0 else None, memo=False)
+                h.update(zip(path[j:z], got))
+            hashes = got if j == a else list(map(h.__getitem__, path[a:z]))
+            # a block's parent block is the one before it in the key (the first one's: none)
+            self._events.append(EventRun("stored", hashes, h.get(path[a - 1]) if a else None,
+                                         kb[a * rb:z * rb], ns))
 
     def _reject(self, ids: np.ndarray, held: np.ndarray, path: list[int]) -> None:
         """The insert's checks in full, in their order: raise naming the first fault."""

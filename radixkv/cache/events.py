@@ -61,7 +61,7 @@ def chain_hashes(parent: int | None, namespace: tuple, pages: list[bytes], algo:
     ns = _namespace_bytes(namespace)
     lead, zero, sha = (8 + len(ns)).to_bytes(4, "little"), b"\x00" * 8, algo == "sha256"
     if not memo:
-        return _chain_plain(lead + (zero if parent is None else parent.to_bytes(8, "little")),
+        return _chain_plain(lead, zero if parent is None else parent.to_bytes(8, "little"),
                             ns, pages, sha, out)
     memo = _MEMO
     for page in pages:
@@ -79,11 +79,11 @@ def chain_hashes(parent: int | None, namespace: tuple, pages: list[bytes], algo:
     return out
 
 
-def _chain_plain(head: bytes, ns: bytes, pages: list[bytes], sha: bool, out: list[int]) -> list[int]:
-    """chain_hashes' loop without the memo, appending to `out`; `head`: the first payload's
-    length prefix and parent hash. A SHA-256 chain carries its parent as the digest's first 8
-    bytes (the hash, little-endian) and converts the hashes to ints at the end."""
-    lead, parent = head[:4], head[4:]
+def _chain_plain(lead: bytes, parent: bytes, ns: bytes, pages: list[bytes], sha: bool,
+                 out: list[int]) -> list[int]:
+    """chain_hashes' loop without the memo, appending to `out`; `lead`: the payload's length
+    prefix, `parent`: the first page's parent hash as 8 little-endian bytes. A SHA-256 chain
+    carries its parent as the digest's first 8 bytes (the hash) and converts to ints at the end."""
     if sha:
         sha256, digests = hashlib.sha256, []
         for page in pages:

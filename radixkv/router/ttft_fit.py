@@ -81,16 +81,19 @@ class TTFTFit:
         if self.seen % self.refit_every == 0:
             self.refit()
 
+    def _window(self) -> tuple[np.ndarray, np.ndarray]:
+        lo = max(0, self._end - self.window)
+        return self._X[lo:self._end], self._y[lo:self._end]
+
     def observations(self) -> tuple[np.ndarray, np.ndarray]:
         """The window the fit regresses on, oldest first: features (rows) and measured TTFTs."""
-        lo = max(0, self._end - self.window)
-        return self._X[lo:self._end].copy(), self._y[lo:self._end].copy()
+        X, y = self._window()
+        return X.copy(), y.copy()
 
     def refit(self) -> None:
         if not self._end:
             return
-        lo = max(0, self._end - self.window)
-        X, y = self._X[lo:self._end], self._y[lo:self._end]     # rows: observations
+        X, y = self._window()                     # rows: observations, oldest first
         # the prior as pseudo-observations: feature j pulled to theta0[j] with the weight of
         # `prior` typical observations of it
         scale = np.sqrt(self.prior * np.maximum((X ** 2).mean(axis=0), 1e-12))
