@@ -19,7 +19,10 @@ the transfers queued on the worker's link: the predicted TTFT is wait + own, or 
 link is free, whichever is later (the transfer itself takes as long from any worker). wait + own is the predicted TTFT; the last term charges the prefill
 a replica would recompute beyond the best placement, once per request it delays: this one and,
 by Little's law, about as many later ones as are queued there now (work_weight 0: TTFT alone).
-Ties go to the longer held prefix, then the shorter queue, then the lower index.
+Ties go to the longer held prefix, then the shorter queue, then the replica sent the fewest new
+tokens so far (each replica's cache then takes new prefixes at the same pace and keeps what it
+holds as long as the others do; by index order, the first replicas would churn through theirs
+while the last idled), then the lower index.
 
 With `fit`, the predicted TTFT is instead a regression fitted online on the TTFTs measured for the
 requests routed so far (router/ttft_fit.py: wait and own as above, the requests ahead and
@@ -98,6 +101,7 @@ class RadixKVRouter(Router):
         self.flying = [0] * self.n           # requests routed, not finished
         self.ahead = [0] * self.n            # of those, first token not back yet
         self.budget = [0] * self.n           # their output budgets
+        self.stored = [0] * self.n           # new tokens routed so far (prefill sent to store)
         self._prefill_s: dict[tuple[int, int], float] = {}   # prefill_time's, by its arguments
         self.fit = None
         if self.options.fit:
@@ -181,7 +185,7 @@ class RadixKVRouter(Router):
             return min(range(self.n), key=lambda r: (
                 pred[r].ttft + w * (1 + replicas[r].waiting) * (pred[r].own - least)
                 + dw * (dec[r] - fastest),
-                -pred[r].hit_tokens, replicas[r].queue_len, r))
+                -pred[r].hit_tokens, replicas[r].queue_len, self.stored[r], r))
         xs = [self.features(r, request, pred[r], replicas[r]) for r in range(self.n)]
         ttft = [self.fit.predict(x) for x in xs]
         if any(v.link_free_at for v in replicas):
@@ -197,7 +201,7 @@ class RadixKVRouter(Router):
         # in sglang-router below its match threshold)
         bound = min(cost) * (1 + self.options.fit_tie)
         return min((r for r in range(self.n) if cost[r] <= bound), key=lambda r: (
-            replicas[r].queue_len, cost[r], -pred[r].hit_tokens, r))
+            replicas[r].queue_len, self.stored[r], cost[r], -pred[r].hit_tokens, r))
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def on_route(self, replica: int, request: RequestInfo) -> None:
@@ -215,6 +219,7 @@ class RadixKVRouter(Router):
         self._flights[request.rid] = Flight(replica, hashes, new, request.max_new_tokens, x, said)
         self._prefilling.add(request.rid)
         self.pending[replica] += new
+        self.stored[replica] += new
         self.flying[replica] += 1
         self.ahead[replica] += 1
         self.budget[replica] += request.max_new_tokens

@@ -175,3 +175,20 @@ def test_bad_arguments_are_named():
         make_router("round-robin", ctx(3)).route(req("a", [1]), idle(2))
     with pytest.raises(ValueError, match="cache_threshold"):
         SGLangOptions(cache_threshold=1.5)
+
+
+def test_radixkv_spreads_equal_placements_by_the_new_tokens_each_replica_was_sent():
+    """Equal costs, equal hits, equal queues: the replica sent the fewest new tokens, not the
+    lowest index (which sent every new prefix of an idle fleet to replica 0)."""
+    r = make_router("radixkv", ctx(3))
+    picks = []
+    for i, n in enumerate((800, 200, 100, 50)):
+        q = req(f"c{i}", range(10_000 * (i + 1), 10_000 * (i + 1) + n))   # no shared prefix
+        picks.append(r.route(q, idle(3)))
+        r.on_route(picks[-1], q)
+        r.on_first_token(picks[-1], q)         # prefilled: no wait left anywhere
+    assert picks == [0, 1, 2, 2] and r.stored == [800, 200, 150]
+    busy = [ReplicaView(kv_capacity=10_000)] * 2 + [ReplicaView(kv_capacity=10_000, running=1)]
+    assert r.route(req("d", range(90_000, 90_040)), busy) == 1     # the queue comes first
+    r.on_events(0, stored(list(range(50_000, 50_064))))
+    assert r.route(req("e", list(range(50_000, 50_064)) + [1]), idle(3)) == 0   # then the hit
