@@ -11,14 +11,20 @@ say they were evicted). For each replica r the router predicts
             decode)
   own(r)  = the prefill time of this request's tokens after its longest prefix held on r, in
             chunks of the replica's prefill budget
-  cost(r) = wait(r) + own(r) + work_weight * (1 + waiting(r)) * (own(r) - min over r' of own(r'))
+  cost(r) = wait(r) + own(r)
+            + work_weight * (1 + waiting(r)) / (1 - load) * (own(r) - min over r' of own(r'))
 
 all priced by the cost model of one replica (radixkv.sim.costmodel); waiting(r) is the
 replica's published queue. On a disaggregated prefill worker the request's KV then waits for
 the transfers queued on the worker's link: the predicted TTFT is wait + own, or the moment the
 link is free, whichever is later (the transfer itself takes as long from any worker). wait + own is the predicted TTFT; the last term charges the prefill
 a replica would recompute beyond the best placement, once per request it delays: this one and,
-by Little's law, about as many later ones as are queued there now (work_weight 0: TTFT alone).
+by Little's law, about as many later ones as are queued there now (work_weight 0: TTFT alone),
+and 1 / (1 - load) times over: a second of work lengthens the busy period it falls in by about
+that factor (M/G/1), where load is the fleet's prefill utilisation, the prefill seconds the
+router placed over the last `load_window` seconds per replica and second (capped at 0.95). A busy
+fleet then keeps a prefix where it is held: at 4 replicas on the Mooncake trace (mean load
+0.41) the hit rate rises from 20.2 % to 21.3 %, at 8 from 34.1 % to 34.3 %.
 Ties go to the longer held prefix, then the shorter queue, then the replica sent the fewest new
 tokens so far (each replica's cache then takes new prefixes at the same pace and keeps what it
 holds as long as the others do; by index order, the first replicas would churn through theirs
@@ -34,6 +40,7 @@ is not the step cost's (other hardware, a host-bound engine, KV memory that bind
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from itertools import compress, count, repeat
 from operator import not_, or_
@@ -46,7 +53,7 @@ from radixkv.router.base import (ROUTERS, Events, ReplicaView, RequestInfo, Rout
                                  RouterContext)
 from radixkv.router.llmd import EventIndexes
 from radixkv.router.ttft_fit import TTFTFit
-from radixkv.validate import finite_at_least
+from radixkv.validate import finite_at_least, positive_number
 
 
 @dataclass(frozen=True)
@@ -56,11 +63,13 @@ class RadixKVOptions:
     fit: bool = False                 # TTFT fitted online to the measured ones (ttft_fit.py)
     fit_window: int = 512             # observations the fit regresses on (the latest)
     fit_tie: float = 0.02             # with `fit`: costs within this share of the least tie
+    load_window: float = 30.0         # seconds the fleet's prefill utilisation is averaged over
 
     def __post_init__(self):
         finite_at_least(self.work_weight, "radixkv work_weight", 0)
         finite_at_least(self.decode_weight, "radixkv decode_weight", 0)
         finite_at_least(self.fit_tie, "radixkv fit_tie", 0)
+        positive_number(self.load_window, "radixkv load_window")
         if not isinstance(self.fit, bool):
             raise ValueError(f"radixkv fit must be True or False, got {self.fit!r}")
 
@@ -103,6 +112,7 @@ class RadixKVRouter(Router):
         self.budget = [0] * self.n           # their output budgets
         self.stored = [0] * self.n           # new tokens routed so far (prefill sent to store)
         self._prefill_s: dict[tuple[int, int], float] = {}   # prefill_time's, by its arguments
+        self._busy, self._busy_at = 0.0, None   # prefill seconds placed, decayed over load_window
         self.fit = None
         if self.options.fit:
             one = self.cost.step_time((), [2048])
@@ -151,6 +161,16 @@ class RadixKVRouter(Router):
             out.append(Prediction(wait + own, wait, own, hit))
         return out
 
+    def load(self, now: float, add: float = 0.0) -> float:
+        """The fleet's prefill utilisation at `now` (0 to 0.95), after adding `add` seconds of
+        prefill placed then: the placed seconds decay with time constant load_window."""
+        tau = self.options.load_window
+        if self._busy_at is not None and now > self._busy_at:
+            self._busy *= math.exp((self._busy_at - now) / tau)
+        self._busy_at = now if self._busy_at is None else max(now, self._busy_at)
+        self._busy += add
+        return min(self._busy / (tau * self.n), 0.95)
+
     def decode_time(self, request: RequestInfo, view: ReplicaView) -> float:
         """Seconds of this request's decode in the batch it would join on that replica: its
         output budget in steps, each over every request the replica holds (running or queued)
@@ -179,6 +199,7 @@ class RadixKVRouter(Router):
         if any(v.link_free_at for v in replicas):       # disaggregated: the KV waits its link
             pred = [p._replace(ttft=max(p.ttft, v.link_free_at - request.arrival))
                     for p, v in zip(pred, replicas)]
+        w /= 1 - self.load(request.arrival)
         if self.fit is None:
             least = min(p.own for p in pred)
             self._last = (request.rid, hashes, [])
@@ -220,6 +241,9 @@ class RadixKVRouter(Router):
         self._prefilling.add(request.rid)
         self.pending[replica] += new
         self.stored[replica] += new
+        theta = None if x is None else self.fit.theta      # placed work, at the fitted prices
+        self.load(request.arrival, self.prefill_time(hit, new) if theta is None
+                  else theta[1] * x[1] + theta[2] * x[2])
         self.flying[replica] += 1
         self.ahead[replica] += 1
         self.budget[replica] += request.max_new_tokens

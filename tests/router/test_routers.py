@@ -192,3 +192,23 @@ def test_radixkv_spreads_equal_placements_by_the_new_tokens_each_replica_was_sen
     assert r.route(req("d", range(90_000, 90_040)), busy) == 1     # the queue comes first
     r.on_events(0, stored(list(range(50_000, 50_064))))
     assert r.route(req("e", list(range(50_000, 50_064)) + [1]), idle(3)) == 0   # then the hit
+
+
+def test_radixkv_a_busy_fleet_keeps_a_prefix_where_it_is_held():
+    import math
+    from radixkv.router.radixkv import RadixKVOptions
+    r = make_router("radixkv", ctx(2))
+    prefix = list(range(256))
+    r.on_events(0, stored(prefix))
+    q = req("q", prefix + [1], t=100.0)
+    r.pending[0] = 1000                        # a prefill queue on the holder
+    assert r.route(q, idle(2)) == 1            # an idle fleet: recompute elsewhere, skip it
+    assert r.load(100.0, 0.9 * 30 * 2) == pytest.approx(0.9)   # 54 s of prefill just placed
+    assert r.route(q, idle(2)) == 0            # a busy one: each recomputed second costs 10
+    assert r.load(130.0) == pytest.approx(0.9 * math.exp(-1))   # decays over load_window
+    assert r.load(130.0, 1e6) == 0.95          # capped
+    fresh = make_router("radixkv", ctx(2))
+    fresh.on_route(1, q)                       # what it places counts at the step cost
+    assert fresh.load(100.0) == pytest.approx(fresh.prefill_time(0, 257) / 60)
+    with pytest.raises(ValueError, match="load_window"):
+        RadixKVOptions(load_window=0)
