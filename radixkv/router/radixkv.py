@@ -34,8 +34,8 @@ With `fit`, the predicted TTFT is instead a regression fitted online on the TTFT
 requests routed so far (router/ttft_fit.py: wait and own as above, the requests ahead and
 running there, the KV tokens by which the replica's requests in flight would overflow its
 capacity, a fixed overhead), the recomputed prefill is priced at the fitted prices of its step
-time and tokens, and
-costs within `fit_tie` of the least go to the shorter queue: for a front end whose workers' time
+time and tokens (the load counts placed work at those prices too), and costs within `fit_tie`
+of the least go to the shorter queue, then to the fewest new tokens sent: for a front end whose workers' time
 is not the step cost's (other hardware, a host-bound engine, KV memory that binds first).
 """
 from __future__ import annotations
@@ -218,8 +218,8 @@ class RadixKVRouter(Router):
         cost = [ttft[r] + w * (1 + replicas[r].waiting) * (work[r] - least)
                 + dw * (dec[r] - fastest) for r in range(self.n)]
         # a difference far inside the fit's error is no reason to load a busier replica: costs
-        # within fit_tie of the least go to the shorter queue (a new prefix spreads, as it does
-        # in sglang-router below its match threshold)
+        # within fit_tie of the least go to the shorter queue, then the fewest tokens sent (a new
+        # prefix spreads, as it does in sglang-router below its match threshold)
         bound = min(cost) * (1 + self.options.fit_tie)
         return min((r for r in range(self.n) if cost[r] <= bound), key=lambda r: (
             replicas[r].queue_len, self.stored[r], cost[r], -pred[r].hit_tokens, r))
