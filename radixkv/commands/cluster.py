@@ -3,7 +3,7 @@ row per router (hit rate, prefill, TTFT, end-to-end, throughput, imbalance, evic
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from radixkv.router.cluster import ClusterConfig
 from radixkv.router.disagg import DECODE_ROUTER, DisaggConfig, decode_engine
 from radixkv.sim.kv_links import DEFAULT_KV_LINK, KV_LINKS
 from radixkv.router.compare import run_routers
+from radixkv.router.options import parse_router_options
 from radixkv.router.results import ClusterResult
 from radixkv.validate import positive_int
 
@@ -65,6 +66,9 @@ def register(subparsers: Any) -> None:
                         f"{DEFAULT_KV_LINK})")
     g.add_argument("--decode-router", metavar="NAME",
                    help=f"how a decode worker is chosen: any router (default: {DECODE_ROUTER})")
+    p.add_argument("--router-option", action="append", default=[], metavar="ROUTER.FIELD=VALUE",
+                   help="set one of a named router's options (repeatable), e.g. "
+                        "radixkv.work_weight=8 or llm-d-precise.queue_weight=1")
     p.add_argument("--json", type=Path, metavar="OUT",
                    help="also write the rows, with the run's metadata, as JSON")
     p.add_argument("--plot", type=Path, metavar="PNG", help="also draw the rows (cluster.png)")
@@ -145,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         ROUTERS.get(name)
     if len(set(args.router)) != len(args.router):
         raise ValueError(f"--router names a router twice: {' '.join(args.router)}")
+    options = parse_router_options(args.router_option, args.router)
     choice = cost_from_args(args)
     config = cluster_config(args, choice)
     if arrivals is not None and isinstance(config, DisaggConfig):
@@ -160,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar(con) as bar:
         task = bar.add_task("routers", total=len(args.router))
         results = run_routers(wl, config, args.router, choice.cost, args.workers,
-                              done=lambda _: bar.advance(task), arrivals=arrivals)
+                              done=lambda _: bar.advance(task), arrivals=arrivals,
+                              options=options)
     title = (f"{wl.name} ({len(wl)} requests){arrivals_label(arrivals)} · {describe(config)} × "
              f"{choice.describe_pool(config.engine.kv_capacity)} ({config.engine.cache.label}) · "
              f"{choice.model} on {choice.gpu} ({choice.timing})")
@@ -170,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
             doc = metadata(workload_info(wl, args.workload), model=choice.model, gpu=choice.gpu,
                            max_total_tokens=config.engine.kv_capacity, timing=choice.timing,
                            results=[r.row() for r in results])
-            out.write_json(args.json, {**doc, **cluster_meta(config), **arrivals_meta(arrivals)})
+            set_options = {k: asdict(v) for k, v in options.items()}
+            out.write_json(args.json, {**doc, **cluster_meta(config), **arrivals_meta(arrivals),
+                                       "router_options": set_options})
         if args.plot is not None:
             from radixkv.plots.cluster import plot_cluster
             plot_cluster(results, out.path(args.plot), title)

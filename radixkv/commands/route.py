@@ -42,6 +42,9 @@ def register(subparsers: Any) -> None:
                    help="without KV events: seconds a sent prefix counts as held (default: 120)")
     p.add_argument("--health-interval", type=float, default=2.0, metavar="S",
                    help="seconds between health checks of each worker (default: 2)")
+    p.add_argument("--router-option", action="append", default=[], metavar="ROUTER.FIELD=VALUE",
+                   help="set one of the router's options (repeatable), e.g. "
+                        "radixkv.decode_weight=1")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="randomised routers (default: 0)")
     add_client_limit_flags(p, "its upstream request closed")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
@@ -79,8 +82,10 @@ def build(args: argparse.Namespace):
     elif args.router == "radixkv":
         raise ValueError("--router radixkv prices each worker's queue: give --model NAME (and "
                          "--gpu) or --profile FILE, or take --router radixkv-fit")
+    from radixkv.router.options import parse_router_options
+    options = parse_router_options(args.router_option, [args.router]).get(args.router)
     routing = Routing(args.router, events=events, cost=cost, seed=args.seed,
-                      sent_ttl=args.approx_ttl)
+                      sent_ttl=args.approx_ttl, options=options)
     tokens = Tokens(args.tokenizer)
     return build_gateway_app(Gateway(args.worker_urls, routing, tokens,
                                      health_interval=args.health_interval,

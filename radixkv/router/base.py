@@ -139,6 +139,15 @@ class Router(ABC):
                              f"{type(options).__name__}")
         self.options = options
 
+    @classmethod
+    def default_options(cls) -> Any:
+        """The Options a router built without any takes (None: it takes none)."""
+        return None if cls.Options is None else cls.Options()
+
+    @classmethod
+    def check_options(cls, options: Any) -> None:
+        """Refuse Options this router cannot run on beyond what they check themselves."""
+
     @abstractmethod
     def route(self, request: RequestInfo, replicas: Sequence[ReplicaView]) -> int:
         """The index in [0, num_replicas) of the replica to send `request` to; `replicas` holds

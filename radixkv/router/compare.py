@@ -25,29 +25,33 @@ def _init_worker(workload) -> None:
 
 
 def _job(config: ClusterConfig | DisaggConfig, router: str, cost: StepCost,
-         arrivals: SessionArrivals | None) -> ClusterResult:
-    res = run_one(_WORKLOAD, config, router, cost, arrivals)
+         arrivals: SessionArrivals | None, options=None) -> ClusterResult:
+    res = run_one(_WORKLOAD, config, router, cost, arrivals, options)
     collect_simulation()                   # a worker runs router after router
     return res
 
 
 def run_one(workload, config: ClusterConfig | DisaggConfig, router: str, cost: StepCost,
-            arrivals: SessionArrivals | None = None) -> ClusterResult:
-    """One router's run on a fresh cluster, aggregated or disaggregated."""
+            arrivals: SessionArrivals | None = None, options=None) -> ClusterResult:
+    """One router's run on a fresh cluster, aggregated or disaggregated (`options`: the
+    router's Options, None for its defaults)."""
     if isinstance(config, DisaggConfig):
         if arrivals is not None:
             raise ValueError("session arrivals are not simulated on a disaggregated cluster; "
                              "its requests arrive at their trace times")
-        return run_disagg(workload, config, router, cost)
-    return run_cluster(workload, config, router, cost, arrivals=arrivals)
+        return run_disagg(workload, config, router, cost, options)
+    return run_cluster(workload, config, router, cost, options, arrivals=arrivals)
 
 
 def run_routers(workload, config: ClusterConfig | DisaggConfig, routers: Sequence[str], cost: StepCost,
                 workers: int | None = None,
                 done: Callable[[ClusterResult], object] | None = None,
-                arrivals: SessionArrivals | None = None) -> list[ClusterResult]:
+                arrivals: SessionArrivals | None = None,
+                options: dict | None = None) -> list[ClusterResult]:
     """One result per router, in the order given; `done` is called as each run ends;
-    `arrivals`: session arrivals (router/cluster.py)."""
+    `arrivals`: session arrivals (router/cluster.py); `options`: router name -> its Options
+    (router/options.py; a router not there runs on its defaults)."""
+    options = options or {}
     for name in routers:
         ROUTERS.get(name)                       # an unknown name fails before any run
     if len(set(routers)) != len(routers):
@@ -56,7 +60,7 @@ def run_routers(workload, config: ClusterConfig | DisaggConfig, routers: Sequenc
     out: dict[str, ClusterResult] = {}
     if n <= 1:
         for name in routers:
-            out[name] = run_one(workload, config, name, cost, arrivals)
+            out[name] = run_one(workload, config, name, cost, arrivals, options.get(name))
             collect_simulation()
             if done is not None:
                 done(out[name])
@@ -64,7 +68,8 @@ def run_routers(workload, config: ClusterConfig | DisaggConfig, routers: Sequenc
     # spawn, not fork: the caller may run threads (a progress bar)
     with ProcessPoolExecutor(n, mp_context=get_context("spawn"), initializer=_init_worker,
                              initargs=(workload,)) as pool:
-        pending = {pool.submit(_job, config, name, cost, arrivals): name for name in routers}
+        pending = {pool.submit(_job, config, name, cost, arrivals, options.get(name)): name
+                   for name in routers}
         try:
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)

@@ -34,9 +34,10 @@ With `fit`, the predicted TTFT is instead a regression fitted online on the TTFT
 requests routed so far (router/ttft_fit.py: wait and own as above, the requests ahead and
 running there, the KV tokens by which the replica's requests in flight would overflow its
 capacity, a fixed overhead), the recomputed prefill is priced at the fitted prices of its step
-time and tokens (the load counts placed work at those prices too), and costs within `fit_tie`
-of the least go to the shorter queue, then to the fewest new tokens sent: for a front end whose workers' time
-is not the step cost's (other hardware, a host-bound engine, KV memory that binds first).
+time and tokens (the load counts placed work at those prices too), and costs within
+`fit_tie` of the least go to the shorter queue, then to the fewest new tokens sent: for a front
+end whose workers' time is not the step cost's (other hardware, a host-bound engine, KV memory
+that binds first).
 """
 from __future__ import annotations
 
@@ -285,8 +286,16 @@ class RadixKVFitRouter(RadixKVRouter):
     """The radixkv rule with its TTFT fitted online to the measured ones (`fit`)."""
     name = "radixkv-fit"
 
-    def __init__(self, context: RouterContext, options: RadixKVOptions | None = None):
-        options = RadixKVOptions(fit=True) if options is None else options
+    @classmethod
+    def default_options(cls) -> RadixKVOptions:
+        return RadixKVOptions(fit=True)
+
+    @classmethod
+    def check_options(cls, options) -> None:
         if isinstance(options, RadixKVOptions) and not options.fit:
             raise ValueError("router 'radixkv-fit' fits its TTFT: its options need fit=True")
+
+    def __init__(self, context: RouterContext, options: RadixKVOptions | None = None):
+        options = self.default_options() if options is None else options
+        self.check_options(options)
         super().__init__(context, options)

@@ -245,6 +245,10 @@ def test_health_checks_and_the_fleet_at_run_time():
       "--client-timeout", "0"], "client_timeout must be a positive number, got 0.0"),
     (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "round-robin",
       "--max-request-bytes", "-5"], "max_request_bytes must be a positive"),
+    (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "radixkv-fit",
+      "--router-option", "radixkv.work_weight=1"], "router 'radixkv' is not among --router"),
+    (["route", "--worker-urls", "http://127.0.0.1:1", "--router", "radixkv-fit",
+      "--router-option", "radixkv-fit.fit_tie=-1"], "radixkv fit_tie must be a finite number"),
 ])
 def test_bad_command_lines_are_one_line(argv, message, capsys):
     assert main(argv) == 2
@@ -324,3 +328,16 @@ def test_first_content_is_told_from_a_role_chunk_and_load_lines_from_the_rest():
                                         "vllm:num_requests_waiting": 1.0,
                                         "vllm:kv_cache_usage_perc": 0.25,
                                         "sglang:num_queue_reqs": 2.0}
+
+
+def test_router_options_reach_the_gateways_router():
+    from radixkv.cli import build_parser
+    from radixkv.commands.route import build
+    from radixkv.router.radixkv import RadixKVOptions
+    args = build_parser().parse_args(["route", "--worker-urls", "http://127.0.0.1:1", "--router",
+                                      "radixkv-fit", "--router-option", "radixkv-fit.fit_tie=0.1",
+                                      "--router-option", "radixkv-fit.decode_weight=1"])
+    routing = build(args).state.gateway.routing
+    assert routing.options == RadixKVOptions(fit=True, fit_tie=0.1, decode_weight=1.0)
+    routing.build([])                          # the router it builds runs on them
+    assert routing.router.options is routing.options
