@@ -32,6 +32,7 @@ def _read(text: str, like: Any, spec: str) -> Any:
 def parse_router_options(specs: Sequence[str], routers: Sequence[str]) -> dict[str, Any]:
     """router name -> its Options with the fields `specs` set (routers not set are absent)."""
     changes: dict[str, dict[str, Any]] = {}
+    bases: dict[str, Any] = {}                # each named router's defaults
     for spec in specs:
         key, eq, text = spec.partition("=")
         name, dot, field = key.strip().rpartition(".")
@@ -40,7 +41,7 @@ def parse_router_options(specs: Sequence[str], routers: Sequence[str]) -> dict[s
         if name not in routers:
             raise ValueError(f"--router-option {spec!r}: router {name!r} is not among --router "
                              f"({', '.join(routers)})")
-        base = ROUTERS.get(name).default_options()
+        base = bases.setdefault(name, ROUTERS.get(name).default_options())
         if base is None:
             raise ValueError(f"--router-option {spec!r}: router {name!r} takes no options")
         fields = [f.name for f in dataclasses.fields(base)]
@@ -53,9 +54,8 @@ def parse_router_options(specs: Sequence[str], routers: Sequence[str]) -> dict[s
     out = {}
     for name, kw in changes.items():
         try:
-            router = ROUTERS.get(name)
-            out[name] = dataclasses.replace(router.default_options(), **kw)
-            router.check_options(out[name])
+            out[name] = dataclasses.replace(bases[name], **kw)
+            ROUTERS.get(name).check_options(out[name])
         except ValueError as e:
             raise ValueError(f"--router-option: {e}") from None
     return out

@@ -172,6 +172,12 @@ class RadixKVRouter(Router):
         self._busy += add
         return min(self._busy / (tau * self.n), 0.95)
 
+    def fitted_work(self, x: np.ndarray) -> float:
+        """With `fit`: the prefill of features `x` at the fitted prices of its step time and
+        tokens."""
+        theta = self.fit.theta
+        return theta[1] * x[1] + theta[2] * x[2]
+
     def decode_time(self, request: RequestInfo, view: ReplicaView) -> float:
         """Seconds of this request's decode in the batch it would join on that replica: its
         output budget in steps, each over every request the replica holds (running or queued)
@@ -212,8 +218,7 @@ class RadixKVRouter(Router):
         ttft = [self.fit.predict(x) for x in xs]
         if any(v.link_free_at for v in replicas):
             ttft = [max(t, v.link_free_at - request.arrival) for t, v in zip(ttft, replicas)]
-        theta = self.fit.theta                  # the prefill's price: its step time and tokens
-        work = [theta[1] * x[1] + theta[2] * x[2] for x in xs]
+        work = [self.fitted_work(x) for x in xs]
         least = min(work)
         self._last = (request.rid, hashes, list(zip(xs, ttft)))
         cost = [ttft[r] + w * (1 + replicas[r].waiting) * (work[r] - least)
@@ -242,9 +247,8 @@ class RadixKVRouter(Router):
         self._prefilling.add(request.rid)
         self.pending[replica] += new
         self.stored[replica] += new
-        theta = None if x is None else self.fit.theta      # placed work, at the fitted prices
-        self.load(request.arrival, self.prefill_time(hit, new) if theta is None
-                  else theta[1] * x[1] + theta[2] * x[2])
+        self.load(request.arrival, self.prefill_time(hit, new) if x is None
+                  else self.fitted_work(x))             # placed work, at the fitted prices
         self.flying[replica] += 1
         self.ahead[replica] += 1
         self.budget[replica] += request.max_new_tokens
