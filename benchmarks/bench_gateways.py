@@ -11,10 +11,11 @@ H100, KV events on), the same bench-serve load, through
 on three workloads — support (a shared system prompt and few-shot block, sessions), fewshot
 with four preambles competing for small pools, multi-turn sessions in closed loop — and prints
 one table (prompts sent as text, every gateway routing on the same text): the cached share of
-prompt tokens (from the replies' usage), TTFT p50 / p99, E2E
-p99, throughput, requests per worker; then each gateway's added latency: the p50 of sequential
-one-token requests through it minus the same sent to a worker directly. Between runs every
-worker's cache is reset (`/reset_prefix_cache`) and the gateway restarted.
+prompt tokens (from the replies' usage), TTFT p50 / p99, E2E p99, throughput, the gateway's own
+CPU seconds over the run, requests per worker; then each gateway's added latency: the p50 of
+sequential one-token requests through it minus the same sent to a worker directly. Between
+runs every worker's cache is reset (`/reset_prefix_cache`) and the gateway restarted; the load
+starts once the gateway has replayed the workers' KV event history (`settle`).
 
     python benchmarks/bench_gateways.py [--workers 4] [--requests 240] [--json OUT]
         [--gateways NAME ...] [--workloads NAME ...] [--latency-only]
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -107,6 +109,35 @@ def added_latency(gateway: str, worker: str, n: int = 40) -> float:
     return via - (before + after) / 2
 
 
+def settle(base: str, limit: float = 60.0) -> None:
+    """Wait, at least a second, until a gateway that just answered /health has replayed every
+    worker's buffered KV event history (radixkv route's `radixkv_route_kv_events_caught_up`; a
+    peer: at once): its steady state is what is measured, not its start."""
+    time.sleep(1.0)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        lines = [ln for ln in httpx.get(f"{base}/metrics", timeout=10).text.splitlines()
+                 if ln.startswith("radixkv_route_kv_events_caught_up")]
+        if all(ln.endswith(" 1.0") for ln in lines):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the gateway at {base} did not catch up in {limit:g}s")
+
+
+def session_cpu(sid: int) -> float:
+    """CPU seconds (user + system) of the processes in session `sid` (a gateway started in a
+    session of its own, with any process it started), and of the children they waited for."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            f = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:                                   # gone meanwhile
+            continue
+        if int(f[3]) == sid:
+            total += sum(int(x) for x in f[11:15]) / tick
+    return total
+
+
 def keep(name: str, only: list[str] | None) -> bool:
     return only is None or any(k in name for k in only)
 
@@ -159,10 +190,12 @@ def main() -> int:
                 port = cmd[cmd.index("--port") + 1]
                 base = f"http://127.0.0.1:{port}"
                 before = done(urls)
-                with running(cmd, f"{base}/health", Path("/tmp") / f"gw-{port}.log"):
-                    time.sleep(1.0)                       # subscriptions in place
+                with running(cmd, f"{base}/health", Path("/tmp") / f"gw-{port}.log") as proc:
+                    settle(base)                  # subscriptions in place, history replayed
+                    cpu0 = session_cpu(proc.pid)
                     res = run_benchmark(wl, BenchConfig(base, model=MODEL, timeout=300, text=True,
                                                         **mode))
+                    cpu = session_cpu(proc.pid) - cpu0
                     per_worker = [a - b for a, b in zip(done(urls), before)]
                     fit = httpx.get(f"{base}/workers").json().get("ttft_fit") \
                         if gw_name.startswith("radixkv route") else None
@@ -173,16 +206,17 @@ def main() -> int:
                              "cached_share": s["cached_token_rate"], "ttft_p50": s["ttft_p50"],
                              "ttft_p99": s["ttft_p99"], "e2e_p99": s["e2e_p99"],
                              "req_s": s["request_throughput_req_s"], "errors": s["errors"],
-                             "per_worker": per_worker, "ttft_fit": fit})
+                             "per_worker": per_worker, "gateway_cpu_s": cpu, "ttft_fit": fit})
                 con.print(f"{wl_name} · {gw_name}: {s['completed']}/{s['requests']} done")
     table = Table(title="gateways side by side (sim Llama-3-8B / H100 workers)")
     for col in ("workload", "gateway", "cached share", "TTFT p50", "TTFT p99", "E2E p99",
-                "req/s", "errors", "requests per worker"):
+                "req/s", "errors", "gateway CPU", "requests per worker"):
         table.add_column(col, justify="left" if col in ("workload", "gateway") else "right")
     for r in rows:
         table.add_row(r["workload"], r["gateway"], f"{r['cached_share']:.1%}",
                       f"{r['ttft_p50']:.3f} s", f"{r['ttft_p99']:.3f} s", f"{r['e2e_p99']:.3f} s",
-                      f"{r['req_s']:.2f}", str(r["errors"]), " ".join(map(str, r["per_worker"])))
+                      f"{r['req_s']:.2f}", str(r["errors"]), f"{r['gateway_cpu_s']:.1f} s",
+                      " ".join(map(str, r["per_worker"])))
     con.print(table)
     lat = Table(title="added latency, p50 of one-token requests, gateway − direct")
     lat.add_column("gateway")

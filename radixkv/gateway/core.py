@@ -14,7 +14,7 @@ import time
 from typing import NamedTuple
 
 from radixkv.kvevents.index import KVIndex
-from radixkv.kvevents.wire import AllBlocksCleared, EventBatch, KVEventBatch, page_hashes
+from radixkv.kvevents.wire import AllBlocksCleared, EventBatch, KVEventBatch
 from radixkv.router import ROUTERS, RequestInfo, RouterContext, make_router
 from radixkv.router.base import StepCost
 from radixkv.router.inflight import InFlight
@@ -73,7 +73,7 @@ class Routing:
         if w.url in self.events:
             src = self.events[w.url]
             return EventFeed(src.endpoint, src.replay, sink)
-        return SentFeed(self.page_size, sink, self.sent_ttl, hash_algo=self.hash_algo)
+        return SentFeed(self.page_size, sink, self.sent_ttl)
 
     def feed_counts(self) -> dict:
         """Each worker fed by KV events: its url -> its feed's FeedCounts."""
@@ -125,9 +125,8 @@ class Routing:
     def predicted(self, i: int, info: RequestInfo) -> int:
         """The prompt tokens worker i holds by what the gateway knows (its events, or what it
         sent), in whole pages."""
-        with self.lock:
-            hashes = page_hashes(info.tokens, info.namespace, self.page_size, self.hash_algo)
-            return self.indexes[i].prefix_match(hashes) * self.page_size
+        with self.lock:           # the router's hashes: the same page size and hash algorithm
+            return self.indexes[i].prefix_match(self.router.page_hashes(info)) * self.page_size
 
     def sent(self, i: int, info: RequestInfo) -> None:
         with self.lock:
@@ -135,7 +134,7 @@ class Routing:
             self.inflight.sent(i, info)
             feed = self.feeds[i]
             if isinstance(feed, SentFeed):
-                feed.sent(info.tokens, info.namespace)
+                feed.sent(info.tokens, self.router.page_hashes(info))
 
     def first_output(self, rid: str, now: float | None = None) -> None:
         """`rid`'s first token came back (at `now`, time.monotonic(): its TTFT is measured from

@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
 from radixkv.kvevents.index import KVIndex
 from radixkv.kvevents.wire import (AllBlocksCleared, BlockRemoved, BlockStored, EventBatch,
-                                   KVEventBatch, page_hashes)
+                                   KVEventBatch)
 
 log = logging.getLogger(__name__)
 Sink = Callable[[EventBatch], None]
@@ -33,6 +34,7 @@ class FeedCounts(NamedTuple):
     missed: int          # batches lost for good (never applied)
     replayed: int        # batches applied from the replay socket
     resyncs: int         # losses that made the index forget the worker's pages
+    caught_up: bool      # the worker's buffered history replayed since subscribing
 
 
 class _Forwarding(KVIndex):
@@ -58,14 +60,15 @@ class EventFeed:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"kv-events {endpoint}")
         self.batches = 0
+        self.caught_up = False
         self._index: KVIndex | None = None
         self._thread.start()
 
     def counts(self) -> FeedCounts:
         i = self._index
         if i is None:
-            return FeedCounts(self.batches, 0, 0, 0, 0)
-        return FeedCounts(self.batches, i.gaps, i.missed, i.replayed, i.resyncs)
+            return FeedCounts(self.batches, 0, 0, 0, 0, False)
+        return FeedCounts(self.batches, i.gaps, i.missed, i.replayed, i.resyncs, self.caught_up)
 
     def _count(self, batch: EventBatch) -> None:
         self.batches += 1
@@ -78,6 +81,7 @@ class EventFeed:
         try:
             if self.replay_endpoint is not None:
                 index.catch_up(1000)                  # what it published before we came
+            self.caught_up = True
             while not self._stop.is_set():
                 msg = index.receive(100)
                 if msg is None:
@@ -101,18 +105,21 @@ class EventFeed:
 
 class SentFeed:
     def __init__(self, page_size: int, sink: Sink, ttl: float = 120.0,
-                 clock: Callable[[], float] = time.monotonic, hash_algo: str = "sha256"):
+                 clock: Callable[[], float] = time.monotonic):
         self.page_size, self.sink, self.ttl, self.clock = page_size, sink, ttl, clock
-        self.hash_algo = hash_algo
-        self._expiry: dict[int, float] = {}           # page hash -> when it is forgotten
+        # page hash -> when it is forgotten; one ttl for all, so the soonest is always first
+        self._expiry: OrderedDict[int, float] = OrderedDict()
 
-    def sent(self, tokens, namespace: tuple) -> None:
+    def sent(self, tokens, hashes: list[int]) -> None:
+        """A prompt of `tokens` went to the worker; `hashes`: its whole pages' chained hashes
+        (as the router computed them: kvevents.wire.page_hashes)."""
         self.expire()
-        hashes = page_hashes(tokens, namespace, self.page_size, self.hash_algo)
-        new = [h for h in hashes if h not in self._expiry]
+        expiry = self._expiry
+        new = [h for h in hashes if h not in expiry]
         until = self.clock() + self.ttl
         for h in hashes:
-            self._expiry[h] = until
+            expiry[h] = until
+            expiry.move_to_end(h)
         if new:
             # the new pages chain from the last page already held (or from nothing)
             first = hashes.index(new[0])
@@ -122,10 +129,13 @@ class SentFeed:
                 self.page_size, None, "GPU")]))
 
     def expire(self) -> None:
-        now = self.clock()
-        gone = [h for h, t in self._expiry.items() if t <= now]
-        for h in gone:
-            del self._expiry[h]
+        now, expiry, gone = self.clock(), self._expiry, []
+        while expiry:                                 # the expired pages only, soonest first
+            h, t = next(iter(expiry.items()))
+            if t > now:
+                break
+            expiry.popitem(last=False)
+            gone.append(h)
         if gone:
             self.sink(KVEventBatch(time.time(), [BlockRemoved(gone, "GPU")]))
 

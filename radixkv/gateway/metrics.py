@@ -7,7 +7,7 @@ change starts the feeds afresh)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _TTFT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _DECISION = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
@@ -32,6 +32,11 @@ class _FeedCollector:
             for url, c in sorted(self.counts.items()):
                 fam.add_metric([url], getattr(c, field))
             yield fam
+        fam = GaugeMetricFamily("radixkv_route_kv_events_caught_up", "1 once the worker's "
+                                "buffered KV event history has been replayed", labels=["worker"])
+        for url, c in sorted(self.counts.items()):
+            fam.add_metric([url], float(c.caught_up))
+        yield fam
 
 
 class GatewayMetrics:

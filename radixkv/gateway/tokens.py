@@ -5,12 +5,13 @@ template of its tokenizer_config.json, else the plain one) or the workers' own v
 so a chat is rendered with the template the worker uses."""
 from __future__ import annotations
 
+import asyncio
 import json
 
-import httpx
+import aiohttp
 from pydantic import ValidationError
 
-from radixkv.model.tokenizer import load_tokenizer
+from radixkv.model.tokenizer import GIL_FREE_CHARS, load_tokenizer
 from radixkv.server.protocol import ChatMessage
 from radixkv.server.text import ChatTemplate
 
@@ -18,9 +19,9 @@ from radixkv.server.text import ChatTemplate
 class TokenizeError(Exception):
     """The worker refused to tokenize the request: its response is the client's answer."""
 
-    def __init__(self, response: httpx.Response):
-        super().__init__(f"tokenize: {response.status_code}")
-        self.response = response
+    def __init__(self, status: int, content: bytes, content_type: str | None):
+        super().__init__(f"tokenize: {status}")
+        self.status, self.content, self.content_type = status, content, content_type
 
 
 class Tokens:
@@ -30,15 +31,16 @@ class Tokens:
             self.tok = load_tokenizer(tokenizer_dir)
             self.template = ChatTemplate.for_model(self.tok, tokenizer_dir)
 
-    async def of(self, client: httpx.AsyncClient, worker: str, body: dict, chat: bool
+    async def of(self, session: aiohttp.ClientSession, worker: str, body: dict, chat: bool
                  ) -> list[int]:
         if not chat:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
                 return prompt
             if self.tok is not None and isinstance(prompt, str):
-                return self.tok.encode(prompt, add_bos=self.tok.bos_id is not None)
-            return await self._remote(client, worker, "/tokenize",
+                return await _local(len(prompt), self.tok.encode, prompt,
+                                    self.tok.bos_id is not None)
+            return await self._remote(session, worker, "/tokenize",
                                       {"model": body.get("model"), "prompt": prompt})
         messages = body.get("messages")
         if self.template is not None and isinstance(messages, list):
@@ -47,25 +49,33 @@ class Tokens:
             except ValidationError:              # the worker words the refusal
                 msgs = None
             if msgs is not None:
-                return self.template.encode([(m.role, m.text()) for m in msgs])
+                turns = [(m.role, m.text()) for m in msgs]
+                return await _local(sum(len(t) for _, t in turns), self.template.encode, turns)
         try:
-            return await self._remote(client, worker, "/tokenize",
+            return await self._remote(session, worker, "/tokenize",
                                       {"model": body.get("model"), "messages": messages})
         except TokenizeError as e:
-            if e.response.status_code != 404:
+            if e.status != 404:
                 raise
-        got = await self._post(client, f"{worker}/v1/chat/completions/render", body)
+        got = await self._post(session, f"{worker}/v1/chat/completions/render", body)
         return got["token_ids"]
 
-    async def _remote(self, client, worker: str, path: str, body: dict) -> list[int]:
-        return (await self._post(client, f"{worker}{path}", body))["tokens"]
+    async def _remote(self, session, worker: str, path: str, body: dict) -> list[int]:
+        return (await self._post(session, f"{worker}{path}", body))["tokens"]
 
     @staticmethod
-    async def _post(client: httpx.AsyncClient, url: str, body: dict) -> dict:
-        # json.dumps, not httpx's json=: NaN and lone surrogates (which a client may send, and
+    async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
+        # json.dumps with its defaults: NaN and lone surrogates (which a client may send, and
         # the worker refuses with a 400) must not fail the encoding here
-        r = await client.post(url, content=json.dumps(body).encode(),
-                              headers={"content-type": "application/json"})
-        if r.status_code != 200:
-            raise TokenizeError(r)
-        return r.json()
+        async with session.post(url, data=json.dumps(body).encode(),
+                                headers={"content-type": "application/json"}) as r:
+            content = await r.read()
+            if r.status != 200:
+                raise TokenizeError(r.status, content, r.headers.get("content-type"))
+        return json.loads(content)
+
+
+async def _local(chars: int, encode, *args) -> list[int]:
+    """encode(*args) with the local tokenizer: on a thread past GIL_FREE_CHARS characters, where
+    it releases the GIL, so the event loop relays other streams meanwhile."""
+    return await asyncio.to_thread(encode, *args) if chars > GIL_FREE_CHARS else encode(*args)

@@ -1,22 +1,26 @@
 """The gateway's workers: what it learns of each (the model from `/v1/models`; the page or block
 size and KV capacity from radixkv's `/server_info`, SGLang's `/get_server_info` or vLLM's
-`vllm:cache_config_info`), how loaded each is (the worker's `/metrics`, scraped at most every
-`scrape_interval` seconds), and whether it is healthy (`/health`, checked every
-`health_interval`; `failures_to_leave` failures in a row take it out of the rotation, one success
-brings it back)."""
+`vllm:cache_config_info`), how loaded each is (SGLang's `/get_load` where the worker serves it,
+as radixkv's do, else its `/metrics`; read at most every `scrape_interval` seconds), and whether
+it is healthy (`/health`, checked every `health_interval`; `failures_to_leave` failures in a row
+take it out of the rotation, one success brings it back). Every request to a worker goes
+through one aiohttp session; `WORKER_ERRORS` are what a worker that is down, unreachable or
+misnamed raises."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixkv.bench.process import parse_metrics
 
 log = logging.getLogger(__name__)
+WORKER_ERRORS = (aiohttp.ClientError, TimeoutError)   # refused, reset, timed out, a bad URL
 
 # running requests, waiting requests, KV usage share: vLLM's names, then SGLang's
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
@@ -41,38 +45,61 @@ class Worker:
     failures: int = 0
     figures: dict = field(default_factory=dict)     # running, waiting, kv_used, kv_capacity
     scraped: float = 0.0
+    load_path: str = "/metrics"               # where its load is read (discover: /get_load)
 
     def describe(self) -> dict:
         return {"url": self.url, "model": self.model, "page_size": self.page_size,
-                "kv_capacity": self.capacity, "healthy": self.healthy, **self.figures}
+                "kv_capacity": self.capacity, "healthy": self.healthy, "load_from": self.load_path,
+                **self.figures}
 
 
-async def discover(client: httpx.AsyncClient, w: Worker) -> None:
+async def get(session: aiohttp.ClientSession, url: str, timeout: float | None = None
+              ) -> tuple[int, bytes]:
+    """GET `url`: (status, body); the session's timeouts unless `timeout` (seconds, whole)."""
+    kw = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
+    try:
+        async with session.get(url, **kw) as r:
+            return r.status, await r.read()
+    except aiohttp.InvalidURL:
+        raise
+    except ValueError as e:                   # the URL does not parse (yarl)
+        raise aiohttp.InvalidURL(url, str(e)) from None
+
+
+async def discover(session: aiohttp.ClientSession, w: Worker) -> None:
     """Fill in what `w` serves: its model, page size and KV capacity (what it does not say
-    stays unknown)."""
-    r = await client.get(f"{w.url}/v1/models")
-    r.raise_for_status()
-    data = r.json().get("data") or []
+    stays unknown). A worker that does not answer raises one of WORKER_ERRORS; one that
+    answers /v1/models with an error or not in JSON, ValueError."""
+    status, body = await get(session, f"{w.url}/v1/models")
+    if status != 200:
+        raise ValueError(f"{w.url}/v1/models answered HTTP {status}")
+    data = json.loads(body).get("data") or []
     w.model = data[0]["id"] if data else None
+    try:          # a small JSON answer, where a vLLM worker renders its whole /metrics
+        status, body = await get(session, f"{w.url}/get_load")
+        w.load_path = "/get_load" if status == 200 and isinstance(json.loads(body), list) \
+            else "/metrics"
+    except (*WORKER_ERRORS, ValueError):
+        w.load_path = "/metrics"
     for path in ("/server_info", "/get_server_info"):
         try:
-            r = await client.get(f"{w.url}{path}")
-        except httpx.HTTPError:
+            status, body = await get(session, f"{w.url}{path}")
+        except WORKER_ERRORS:
             continue
-        if r.status_code == 200:
-            info = r.json()
+        if status == 200:
+            info = json.loads(body)
             w.page_size = info.get("page_size") or w.page_size
             w.capacity = info.get("kv_capacity") or info.get("max_total_num_tokens") or w.capacity
             if w.page_size:
                 return
     try:                                       # vLLM: the cache's configuration in /metrics
-        text = (await client.get(f"{w.url}/metrics")).text
-        for fam in text_string_to_metric_families(text):
+        _, body = await get(session, f"{w.url}/metrics")
+        for fam in text_string_to_metric_families(body.decode()):
             if fam.name == "vllm:cache_config_info":
                 labels = fam.samples[0].labels
                 w.page_size = int(labels["block_size"])
                 w.capacity = int(labels["num_gpu_blocks"]) * w.page_size
-    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+    except (*WORKER_ERRORS, ValueError, KeyError, IndexError):
         pass
 
 
@@ -80,30 +107,45 @@ def _first(values: dict, names: tuple) -> float | None:
     return next((values[n] for n in names if n in values), None)
 
 
-async def scrape(client: httpx.AsyncClient, w: Worker, interval: float) -> None:
+async def scrape(session: aiohttp.ClientSession, w: Worker, interval: float) -> None:
     """Refresh `w.figures` from its /metrics, at most every `interval` seconds."""
     now = time.monotonic()
     if now - w.scraped < interval:
         return
     w.scraped = now
     try:
-        r = await client.get(f"{w.url}/metrics")
-        if r.status_code != 200:
+        status, body = await get(session, f"{w.url}{w.load_path}")
+        if status != 200:
             return
-        values = load_figures(r.text)
-    except (httpx.HTTPError, ValueError):
+        running, waiting, used = (sglang_load(json.loads(body)) if w.load_path == "/get_load"
+                                  else metrics_load(body.decode(), w.capacity))
+    except (*WORKER_ERRORS, ValueError, TypeError, KeyError, AttributeError):
         return
+    w.figures = {"running": running, "waiting": waiting, "kv_capacity": w.capacity,
+                 "kv_used": used}
+
+
+def metrics_load(text: str, capacity: int) -> tuple[int, int, int]:
+    """(running, waiting, KV tokens in use) from a vLLM or SGLang /metrics exposition."""
+    values = load_figures(text)
     running, usage = _first(values, RUNNING), _first(values, USAGE)
-    w.figures = {"running": int(running or 0), "waiting": int(_first(values, WAITING) or 0),
-                 "kv_capacity": w.capacity,
-                 "kv_used": int((usage or 0.0) * w.capacity)}
+    return int(running or 0), int(_first(values, WAITING) or 0), int((usage or 0.0) * capacity)
 
 
-async def check_health(client: httpx.AsyncClient, w: Worker, failures_to_leave: int) -> bool | None:
+def sglang_load(ranks: list) -> tuple[int, int, int]:
+    """(running, waiting, KV tokens in use) from SGLang's /get_load: one entry per data-parallel
+    rank, summed; its num_reqs counts the waiting requests too."""
+    reqs = sum(int(r["num_reqs"]) for r in ranks)
+    waiting = sum(int(r["num_waiting_reqs"]) for r in ranks)
+    return reqs - waiting, waiting, sum(int(r.get("num_tokens", 0)) for r in ranks)
+
+
+async def check_health(session: aiohttp.ClientSession, w: Worker, failures_to_leave: int
+                       ) -> bool | None:
     """Probe `w`; True when it just left the rotation, False when it just came back, else None."""
     try:
-        ok = (await client.get(f"{w.url}/health", timeout=5.0)).status_code == 200
-    except httpx.HTTPError:
+        ok = (await get(session, f"{w.url}/health", timeout=5.0))[0] == 200
+    except WORKER_ERRORS:
         ok = False
     if ok:
         w.failures = 0

@@ -23,7 +23,8 @@ import zmq
 
 from radixkv.cache.events import EventRun, KVEvent
 from radixkv.cache.key import TOKEN_BYTES
-from radixkv.kvevents.wire import END_SEQ, BlockRemoved, BlockStored, EventBatch, decode_batch
+from radixkv.kvevents.wire import (END_SEQ, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch,
+                                   decode_batch)
 from radixkv.validate import int_at_least
 
 
@@ -257,12 +258,16 @@ class KVIndex:
     def catch_up(self, timeout_ms: int = 1000) -> int:
         """Ask the replay socket for every buffered batch after last_seq (a new index starts
         at seq 0) and apply them in order; returns the batches applied. Batches the buffer no
-        longer holds count as missed, and make the index resync."""
+        longer holds count as missed, and make the index resync. What precedes the last
+        AllBlocksCleared of the answer is superseded by it: those batches count as applied
+        (and replayed) without being applied one by one — a gateway started beside workers
+        whose caches were reset skips the history the reset wiped."""
         if self._replay is None:
             raise ValueError("catch_up needs a replay endpoint (KVIndex.connect(..., replay_endpoint))")
         timeout_ms = int_at_least(timeout_ms, "timeout_ms")
         self._replay.send_multipart([b"", (self.last_seq + 1).to_bytes(8, "big")])
-        applied, ended = 0, False
+        got: list[tuple[int, EventBatch]] = []
+        ended, last = False, self.last_seq
         while self._replay.poll(timeout_ms):
             frames = self._replay.recv_multipart()
             if len(frames) == 4:            # vLLM's [empty, topic, seq, payload]
@@ -273,15 +278,21 @@ class KVIndex:
             if seq == END_SEQ:
                 ended = True
                 break
-            if seq > self.last_seq:
-                batch = decode_batch(frames[2])
-                if seq > self.last_seq + 1:
-                    self._resync()
-                self.replayed += self._step(seq, batch)
-                applied += 1
+            if seq > last:
+                got.append((seq, decode_batch(frames[2])))
+                last = seq
         if not ended:                       # a late answer must not end the next replay
             self._open_replay()
-        return applied
+        start = next((i for i in range(len(got) - 1, 0, -1)
+                      if any(isinstance(e, AllBlocksCleared) for e in got[i][1].events)), 0)
+        if start:                           # superseded by the clear: as if applied
+            self.replayed += start
+            self.last_seq = got[start][0] - 1
+        for seq, batch in got[start:]:
+            if seq > self.last_seq + 1:
+                self._resync()
+            self.replayed += self._step(seq, batch)
+        return len(got)
 
     def _resync(self) -> None:
         """A loss no replay repairs: forget every page (what follows is applied after)."""

@@ -138,6 +138,7 @@ class Router(ABC):
             raise ValueError(f"router {self.name!r} takes {self.Options.__name__}, got "
                              f"{type(options).__name__}")
         self.options = options
+        self._hashed: tuple[RequestInfo, list[int]] | None = None    # the last request hashed
 
     @classmethod
     def default_options(cls) -> Any:
@@ -187,10 +188,16 @@ class Router(ABC):
         return replica
 
     def page_hashes(self, request: RequestInfo) -> list[int]:
-        """The chained hashes of the request's whole prompt pages, as the replicas emit them."""
+        """The chained hashes of the request's whole prompt pages, as the replicas emit them;
+        the same request asked again (route, then on_route, then its caller) is not rehashed."""
+        last = self._hashed
+        if last is not None and last[0] is request:
+            return last[1]
         c = self.context
-        return page_hashes(request.tokens if request.key is None else request.key,
-                           request.namespace, c.page_size, c.hash_algo)
+        hashes = page_hashes(request.tokens if request.key is None else request.key,
+                             request.namespace, c.page_size, c.hash_algo)
+        self._hashed = (request, hashes)
+        return hashes
 
 
 ROUTERS: Registry[type[Router]] = Registry("router")

@@ -51,12 +51,18 @@ class RequestGuard:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()             # after the body: the disconnect, when it comes
 
+        deadline = _SendDeadline(self.timeout)
+
         async def timed_send(message) -> None:
+            deadline.begin()
             try:
-                async with asyncio.timeout(self.timeout):
-                    await send(message)
-            except TimeoutError:
-                raise ClientStalled() from None
+                await send(message)
+            except asyncio.CancelledError:
+                if deadline.fired and deadline.task.uncancel() == 0:    # ours, and only ours
+                    raise ClientStalled() from None
+                raise
+            finally:
+                deadline.since = None
 
         try:
             await self.app(scope, replay, timed_send)
@@ -64,6 +70,8 @@ class RequestGuard:
             if not _stalled(e):
                 raise
             await self._drop(scope)
+        finally:
+            deadline.close()
 
     async def _read_body(self, scope, receive, send) -> bytes | None:
         declared = _content_length(scope)
@@ -105,6 +113,42 @@ class RequestGuard:
             # a disconnected client rather than a response the app left incomplete
             for _ in range(2):
                 await asyncio.sleep(0)
+
+
+class _SendDeadline:
+    """Each response message of one request must reach the socket within `timeout` seconds. One
+    timer serves the whole request: armed when a send begins with none armed, it re-arms at the
+    pending send's own deadline when it finds that not yet due, and cancels the sending task when
+    it is. A stream of quick sends costs a clock read each, not a timer each (an asyncio.timeout
+    per send cost as much as the socket write itself)."""
+
+    def __init__(self, timeout: float):
+        self.timeout, self.loop = timeout, asyncio.get_running_loop()
+        self.since: float | None = None      # when the pending send began; None: none pending
+        self.task: asyncio.Task | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.fired = False
+
+    def begin(self) -> None:
+        self.since, self.task = self.loop.time(), asyncio.current_task()
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.since + self.timeout, self._check)
+
+    def _check(self) -> None:
+        self.timer = None
+        if self.since is None:
+            return
+        due = self.since + self.timeout
+        if self.loop.time() >= due:
+            self.fired = True
+            self.task.cancel()
+        else:
+            self.timer = self.loop.call_at(due, self._check)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 def _stalled(e: BaseException) -> bool:

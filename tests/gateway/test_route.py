@@ -158,7 +158,8 @@ def test_a_refusing_worker_is_retried_once_and_a_4xx_comes_back_unchanged():
             assert httpx.post(f"{url}/v1/completions", content=b"{").status_code == 400
 
 
-def test_a_failure_after_the_first_byte_ends_the_stream_with_an_error_event():
+def worker_app() -> FastAPI:
+    """A fake worker that serves MODEL and answers its health checks; a test adds the rest."""
     app = FastAPI()
 
     @app.get("/v1/models")
@@ -168,6 +169,11 @@ def test_a_failure_after_the_first_byte_ends_the_stream_with_an_error_event():
     @app.get("/health")
     async def health():
         return {}
+    return app
+
+
+def test_a_failure_after_the_first_byte_ends_the_stream_with_an_error_event():
+    app = worker_app()
 
     @app.post("/tokenize")
     async def tokenize():

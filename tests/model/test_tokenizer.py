@@ -86,9 +86,10 @@ def test_load_tokenizer_default_and_missing(tmp_path):
 
 
 def test_long_text_encodes_the_same_in_slices(hf_dir):
-    """Past GIL_SLICE the byte tokenizer encodes in slices and the HF one through its batch
-    path (both let other threads run); the ids are exactly those of one whole encode."""
-    from radixkv.model.tokenizer import GIL_SLICE
+    """Past GIL_SLICE the byte tokenizer encodes in slices, and past GIL_FREE_CHARS the HF one
+    through its batch path (both let other threads run); the ids are exactly those of one whole
+    encode."""
+    from radixkv.model.tokenizer import GIL_FREE_CHARS, GIL_SLICE
     text = "héllo wörld! " * (3 * GIL_SLICE // 13 + 5)          # > 3 slices of UTF-8 bytes
     assert len(text) > GIL_SLICE
     tok = ByteTokenizer()
@@ -98,6 +99,11 @@ def test_long_text_encodes_the_same_in_slices(hf_dir):
     assert len(long) > GIL_SLICE
     assert hf.encode(long, add_bos=True) == [1, *[3, 4, 5, 0] * (GIL_SLICE // 18 + 7)]
     assert hf.encode(long) == hf._tok.encode(long, add_special_tokens=False).ids
+    for n in (GIL_FREE_CHARS // 18, GIL_FREE_CHARS // 18 + 1):   # either side of the batch path
+        text = "hello world ! xyz " * n
+        assert (len(text) > GIL_FREE_CHARS) == (n > GIL_FREE_CHARS // 18)
+        assert hf.encode(text) == hf._tok.encode(text, add_special_tokens=False).ids \
+            == [3, 4, 5, 0] * n
 
 
 def test_count_is_the_length_of_encode(hf_dir):

@@ -212,3 +212,22 @@ def test_radixkv_a_busy_fleet_keeps_a_prefix_where_it_is_held():
     assert fresh.load(100.0) == pytest.approx(fresh.prefill_time(0, 257) / 60)
     with pytest.raises(ValueError, match="load_window"):
         RadixKVOptions(load_window=0)
+
+
+@pytest.mark.parametrize("name", ["radixkv", "radixkv-fit", "llm-d-precise", "dynamo-kv"])
+def test_a_request_is_hashed_once_however_often_its_pages_are_asked(name, monkeypatch):
+    """route, on_route and the caller (the gateway's prediction) share one hashing of the
+    prompt; another request, even with the same tokens, is hashed anew to the same values."""
+    import radixkv.router.base as base
+    calls = []
+    real = base.page_hashes
+    monkeypatch.setattr(base, "page_hashes", lambda *a, **k: calls.append(1) or real(*a, **k))
+    r = make_router(name, ctx(2))
+    a, b = req("a", range(40)), req("b", range(40))
+    r.on_route(r.route(a, idle(2)), a)
+    ha = r.page_hashes(a)
+    assert ha == real(a.tokens, a.namespace, PS) and len(calls) == 1
+    hb = r.page_hashes(b)
+    assert hb == ha and hb is not ha and len(calls) == 2
+    r.on_route(r.route(b, idle(2)), b)
+    assert r.page_hashes(b) is hb and len(calls) == 2
