@@ -58,8 +58,10 @@ class RequestGuard:
             try:
                 await send(message)
             except asyncio.CancelledError:
-                if deadline.fired and deadline.task.uncancel() == 0:    # ours, and only ours
-                    raise ClientStalled() from None
+                if deadline.fired:                     # the deadline's cancellation, used once
+                    deadline.fired = False
+                    if deadline.task.uncancel() == 0:  # ...and no other one pending
+                        raise ClientStalled() from None
                 raise
             finally:
                 deadline.since = None

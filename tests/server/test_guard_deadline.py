@@ -66,3 +66,29 @@ def test_a_cancellation_that_is_not_the_deadlines_stays_a_cancellation():
             await task
     asyncio.run(main())
     assert sent == [] and aborted == []
+
+
+def test_regression_a_stall_handled_by_the_app_leaves_later_cancellations_alone():
+    """The deadline's cancellation is used once: an app that handles its stall and sends again,
+    then is cancelled from elsewhere, ends cancelled (it used to be dropped as a second stall)."""
+    from radixkv.server.guard import ClientStalled
+    sent, aborted, handled = [], [], []
+    _, send = app_sending([], sent)
+
+    async def app(scope, receive, wrapped_send):
+        try:
+            await wrapped_send({"type": "http.response.body", "delay": 5.0})
+        except ClientStalled:
+            handled.append(time.monotonic())
+        await wrapped_send({"type": "http.response.body", "delay": 5.0})
+
+    async def main():
+        task = asyncio.create_task(RequestGuard(app, 1 << 20, TIMEOUT)(scope(aborted), receive,
+                                                                        send))
+        await asyncio.sleep(TIMEOUT * 1.5)      # the first send stalled; the second is pending
+        assert len(handled) == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(main())
+    assert sent == [] and aborted == []
