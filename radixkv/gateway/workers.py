@@ -108,7 +108,8 @@ def _first(values: dict, names: tuple) -> float | None:
 
 
 async def scrape(session: aiohttp.ClientSession, w: Worker, interval: float) -> None:
-    """Refresh `w.figures` from its /metrics, at most every `interval` seconds."""
+    """Refresh `w.figures` from its load path (/get_load or /metrics), at most every
+    `interval` seconds; an answer that does not read leaves them as they were."""
     now = time.monotonic()
     if now - w.scraped < interval:
         return
@@ -119,7 +120,7 @@ async def scrape(session: aiohttp.ClientSession, w: Worker, interval: float) -> 
             return
         running, waiting, used = (sglang_load(json.loads(body)) if w.load_path == "/get_load"
                                   else metrics_load(body.decode(), w.capacity))
-    except (*WORKER_ERRORS, ValueError, TypeError, KeyError, AttributeError):
+    except (*WORKER_ERRORS, ValueError, TypeError, KeyError):
         return
     w.figures = {"running": running, "waiting": waiting, "kv_capacity": w.capacity,
                  "kv_used": used}

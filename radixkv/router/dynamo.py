@@ -85,15 +85,6 @@ class DynamoKV(Router):
         self.pending = [0] * self.n           # prefill tokens of requests with no first token
         self._flights: dict[str, Flight] = {}
         self._prefilling: set[str] = set()
-        self._last: tuple[str, list[int]] | None = None     # (rid, hashes) of the last route
-
-    def _hashes(self, request: RequestInfo) -> list[int]:
-        last = self._last
-        if last is not None and last[0] == request.rid:
-            return last[1]
-        hashes = self.page_hashes(request)
-        self._last = (request.rid, hashes)
-        return hashes
 
     def overlap(self, replica: int, hashes: Sequence[int]) -> int:
         """The request's leading blocks `replica` holds, as its events show."""
@@ -104,7 +95,7 @@ class DynamoKV(Router):
 
     def logits(self, request: RequestInfo) -> list[float]:
         """Each replica's cost (lower is better) for `request`."""
-        hashes = self._hashes(request)
+        hashes = self.page_hashes(request)
         bs, w = self.context.page_size, self.options.overlap_score_weight
         out = []
         for r in range(self.n):
@@ -129,7 +120,7 @@ class DynamoKV(Router):
         self.check_replica(replica)
         if request.rid in self._flights:
             raise ValueError(f"request {request.rid!r} is already routed")
-        hashes = self._hashes(request)
+        hashes = self.page_hashes(request)
         new = self.new_tokens(request, self.overlap(replica, hashes))
         active = self.active[replica]
         for h in hashes:

@@ -107,7 +107,7 @@ class RadixKVRouter(Router):
         self.pending = [0] * self.n          # new tokens routed, first token not back yet
         self._flights: dict[str, Flight] = {}
         self._prefilling: set[str] = set()
-        self._last: tuple[str, list[int], list] | None = None  # the last route's hashes, features
+        self._last: tuple[str, list] | None = None   # the last route's rid, features and TTFTs
         self.flying = [0] * self.n           # requests routed, not finished
         self.ahead = [0] * self.n            # of those, first token not back yet
         self.budget = [0] * self.n           # their output budgets
@@ -209,7 +209,7 @@ class RadixKVRouter(Router):
         w /= 1 - self.load(request.arrival)
         if self.fit is None:
             least = min(p.own for p in pred)
-            self._last = (request.rid, hashes, [])
+            self._last = (request.rid, [])
             return min(range(self.n), key=lambda r: (
                 pred[r].ttft + w * (1 + replicas[r].waiting) * (pred[r].own - least)
                 + dw * (dec[r] - fastest),
@@ -220,7 +220,7 @@ class RadixKVRouter(Router):
             ttft = [max(t, v.link_free_at - request.arrival) for t, v in zip(ttft, replicas)]
         work = [self.fitted_work(x) for x in xs]
         least = min(work)
-        self._last = (request.rid, hashes, list(zip(xs, ttft)))
+        self._last = (request.rid, list(zip(xs, ttft)))
         cost = [ttft[r] + w * (1 + replicas[r].waiting) * (work[r] - least)
                 + dw * (dec[r] - fastest) for r in range(self.n)]
         # a difference far inside the fit's error is no reason to load a busier replica: costs
@@ -237,12 +237,12 @@ class RadixKVRouter(Router):
             raise ValueError(f"request {request.rid!r} is already routed")
         last = self._last
         fresh = last is not None and last[0] == request.rid
-        hashes = last[1] if fresh else self.page_hashes(request)
+        hashes = self.page_hashes(request)            # hashed once, by route
         hit = self.hit_tokens(replica, hashes, request.prompt_len)
         flying = self.inflight[replica]             # a prompt's page hashes are distinct
         flying.update(zip(hashes, map((1).__add__, map(flying.get, hashes, repeat(0)))))
         new = request.prompt_len - hit
-        x, said = last[2][replica] if fresh and last[2] else (None, 0.0)
+        x, said = last[1][replica] if fresh and last[1] else (None, 0.0)
         self._flights[request.rid] = Flight(replica, hashes, new, request.max_new_tokens, x, said)
         self._prefilling.add(request.rid)
         self.pending[replica] += new

@@ -101,7 +101,7 @@ def test_the_router_fits_on_the_features_it_routed_on_and_ignores_late_reports()
     views = [ReplicaView(kv_capacity=3000)] * 2
     a = RequestInfo("a", list(range(2000)), max_new_tokens=100)
     i = r.route(a, views)
-    x_said = r._last[2][i][0]
+    x_said = r._last[1][i][0]
     r.on_route(i, a)
     assert r.flying[i] == r.ahead[i] == 1 and r.budget[i] == 100
     b = RequestInfo("b", list(range(2000)) + [7, 8, 9, 10], max_new_tokens=1500)
