@@ -150,6 +150,11 @@ class RadixKey:
         block's hash input)."""
         return self.buf[i * page_size * _ITEM:(i + 1) * page_size * _ITEM]
 
+    def pages(self, start: int, stop: int, page_size: int) -> list[bytes]:
+        """[self.page(i, page_size) for i in range(start, stop)], in one slicing pass."""
+        w, b = page_size * _ITEM, self.buf
+        return [b[j:j + w] for j in range(start * w, stop * w, w)]
+
     def shared(self, other: "RadixKey", start: int = 0) -> int:
         """How many leading tokens of self[start:] agree with `other` (tokens only, namespace
         ignored): one memcmp when the whole of `other` agrees."""

@@ -59,7 +59,7 @@ class Routing:
             self.page_size = sizes.pop() if sizes else 1
             n = max(len(workers), 1)
             ctx = RouterContext(n, self.page_size, self.hash_algo, self.seed, self.cost,
-                                self.prefill_chunk)
+                                self.prefill_chunk, hash_memo=False)     # the caches are remote
             self.router = make_router(self.router_name, ctx, self.options)
             self.inflight = InFlight(n)
             self.indexes = [KVIndex() for _ in range(n)]

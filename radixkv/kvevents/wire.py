@@ -177,11 +177,14 @@ def decode_batch(payload: bytes) -> KVEventBatch:
 
 
 def page_hashes(tokens, namespace: tuple, page_size: int, algo: str = "sha256", *,
-                salt_first_only: bool = False) -> list[int]:
+                salt_first_only: bool = False, memo: bool = True) -> list[int]:
     """The chained hashes of the whole pages of `tokens` (ids, or a RadixKey already packed)
     under `namespace` (extra_key, cache_salt): what a cache emits when it stores them. RadixCache mixes the whole namespace
     into every page; BlockHashCache, as vLLM, mixes cache_salt into the first page only
-    (salt_first_only=True). Without a salt both agree."""
+    (salt_first_only=True). Without a salt both agree. Whole aligned spans of pages are
+    remembered either way; `memo` False skips the per-page memo (cache/events.py), which only
+    pays where the caches that fill it run in this process: a page missing from it costs twice
+    as much to hash through it."""
     if not isinstance(namespace, tuple) or len(namespace) != 2:
         raise ValueError(f"namespace must be a tuple (extra_key, cache_salt), got {namespace!r}")
     key = tokens if isinstance(tokens, RadixKey) and tokens.namespace == namespace else \
@@ -197,23 +200,22 @@ def page_hashes(tokens, namespace: tuple, page_size: int, algo: str = "sha256", 
              page_size, algo)
         span = _SPAN_MEMO.get(k)
         if span is None:
-            span = _chain(parent, key, inner, i, i + _SPAN, page_size, algo)
+            span = _chain(parent, key, inner, i, i + _SPAN, page_size, algo, memo)
             if len(_SPAN_MEMO) >= _SPAN_MEMO_MAX:
                 _SPAN_MEMO.clear()
             _SPAN_MEMO[k] = span
         out.extend(span)
         parent, i = span[-1], i + _SPAN
-    out.extend(_chain(parent, key, inner, i, n, page_size, algo))
+    out.extend(_chain(parent, key, inner, i, n, page_size, algo, memo))
     return out
 
 
 def _chain(parent: int | None, key: RadixKey, inner: tuple, start: int, stop: int,
-           page_size: int, algo: str) -> tuple[int, ...]:
+           page_size: int, algo: str, memo: bool = True) -> tuple[int, ...]:
     """The hashes of pages [start, stop) of `key`, chained from `parent` (the first page of
     the key mixes in its whole namespace, the others `inner`)."""
-    pages = [key.page(i, page_size) for i in range(start, stop)]
-    return tuple(chain_hashes(parent, inner, pages, algo,
-                              first=key.namespace if start == 0 else None))
+    return tuple(chain_hashes(parent, inner, key.pages(start, stop, page_size), algo,
+                              first=key.namespace if start == 0 else None, memo=memo))
 
 
 # whole aligned spans of _SPAN pages already hashed (each page is also in the cache layer's

@@ -99,13 +99,16 @@ class StepCost(Protocol):
 class RouterContext:
     """What every router is built with: the replica count, the KV page size and hash of the
     replicas' events, a seed for randomised choices, and (for cost-aware routers) the cost
-    model of one replica and its prefill chunk."""
+    model of one replica and its prefill chunk. `hash_memo`: whether the replicas' caches run
+    in this process (a simulator), where a prompt's page hashes are mostly found in the memo
+    their caches fill; a front end to remote workers hashes without it, at half the cost."""
     num_replicas: int
     page_size: int = 16
     hash_algo: str = "sha256"
     seed: int = 0
     cost: StepCost | None = None
     prefill_chunk: int = 8192
+    hash_memo: bool = True
 
     def __post_init__(self):
         positive_int(self.num_replicas, "RouterContext.num_replicas")
@@ -113,6 +116,9 @@ class RouterContext:
         check_hash_algo(self.hash_algo)
         int_at_least(self.seed, "RouterContext.seed", 0)
         positive_int(self.prefill_chunk, "RouterContext.prefill_chunk")
+        if not isinstance(self.hash_memo, bool):
+            raise ValueError(f"RouterContext.hash_memo must be True or False, "
+                             f"got {self.hash_memo!r}")
 
 
 Events = Sequence[KVEvent] | Sequence[EventRun] | EventBatch
@@ -195,7 +201,7 @@ class Router(ABC):
             return last[1]
         c = self.context
         hashes = page_hashes(request.tokens if request.key is None else request.key,
-                             request.namespace, c.page_size, c.hash_algo)
+                             request.namespace, c.page_size, c.hash_algo, memo=c.hash_memo)
         self._hashed = (request, hashes)
         return hashes
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import signal
 import socket
 import threading
 import time
 
+import anyio
 import uvicorn
 
 from radixkv.server.connection import guarded_protocol
@@ -43,9 +45,18 @@ class _Server(uvicorn.Server):
     uvicorn has no task left to cancel."""
 
     def __init__(self, config: uvicorn.Config, drain=None,
-                 exit_when: threading.Event | None = None):
+                 exit_when: threading.Event | None = None, freeze_heap: bool = False):
         super().__init__(config)
-        self.drain, self.exit_when = drain, exit_when
+        self.drain, self.exit_when, self.freeze_heap = drain, exit_when, freeze_heap
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        # what the first streamed response would otherwise import: anyio's asyncio backend
+        # (starlette's task group; ~23 ms, which the first client waited)
+        async with anyio.create_task_group():
+            pass
+        if self.freeze_heap and self.started:
+            freeze_startup_heap()
 
     async def on_tick(self, counter: int) -> bool:
         if self.exit_when is not None and self.exit_when.is_set():
@@ -87,20 +98,35 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+def freeze_startup_heap() -> int:
+    """Collect once, then move every object alive now (the imports, the app, its model or
+    router) out of the cyclic collector's reach: a full collection then scans only what serving
+    allocated, not the ~100,000 startup objects, whose scan stopped the event loop for ~26 ms
+    every few hundred requests (vLLM's API server freezes its startup heap too). For a process
+    that is the server: frozen objects that later form garbage cycles are never collected.
+    Returns the objects frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def _server(app, log_level: str, drain=None, exit_when=None,
-            client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> uvicorn.Server:
+            client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
+            freeze_heap: bool = False) -> uvicorn.Server:
     # request headers are due within client_timeout seconds (server/connection.py)
     return _Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5,
                                   access_log=False, http=guarded_protocol(client_timeout)),
-                   drain, exit_when)
+                   drain, exit_when, freeze_heap)
 
 
 def serve_forever(app, sock: socket.socket, log_level: str = "warning", *, drain=None,
                   exit_when: threading.Event | None = None,
                   client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> None:
     """Serve until SIGINT / SIGTERM or `exit_when` is set, then a graceful shutdown (`drain`:
-    see _Server)."""
-    _server(app, log_level, drain, exit_when, client_timeout).run(sockets=[sock])
+    see _Server). The process is the server's: once started, its heap is frozen
+    (freeze_startup_heap)."""
+    _server(app, log_level, drain, exit_when, client_timeout,
+            freeze_heap=True).run(sockets=[sock])
 
 
 class ServerThread:

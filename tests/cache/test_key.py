@@ -180,3 +180,11 @@ def test_regression_generator_bad_token_raises_valueerror():
     with pytest.raises(ValueError, match=r"token id 2\.5 is not an int"):
         RadixKey(iter([1, 2.5]))
     assert RadixKey(t for t in [1, 2, 3]).tokens == [1, 2, 3]
+
+
+@pytest.mark.parametrize("n, page_size, start, stop", [(1, 1, 0, 0), (10, 1, 0, 10), (10, 3, 0, 3),
+                                                       (10, 3, 1, 3), (64, 16, 2, 4), (5, 8, 0, 0)])
+def test_pages_is_the_list_of_page(n, page_size, start, stop):
+    k = RadixKey(list(range(n)), "lora", "salt")
+    assert k.pages(start, stop, page_size) == [k.page(i, page_size) for i in range(start, stop)]
+    assert all(len(p) == page_size * 4 for p in k.pages(start, stop, page_size))

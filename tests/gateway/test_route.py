@@ -20,6 +20,7 @@ from radixkv.gateway.proxy import Gateway, build_gateway_app, has_content
 from radixkv.gateway.workers import load_figures
 from radixkv.gateway.tokens import Tokens
 from radixkv.kvevents.publisher import KVEventsConfig
+from radixkv.router.base import RouterContext
 from radixkv.server.launch import ServerThread
 from radixkv.sim.costmodel import CostModel
 from tests.server._helpers import check_clean, metric, running_server, wait_idle
@@ -347,3 +348,12 @@ def test_router_options_reach_the_gateways_router():
     assert routing.options == RadixKVOptions(fit=True, fit_tie=0.1, decode_weight=1.0)
     routing.build([])                          # the router it builds runs on them
     assert routing.router.options is routing.options
+
+
+def test_the_gateways_router_hashes_prompts_without_the_in_process_memo():
+    # regression: the per-page memo only pays where the caches run in this process; the
+    # gateway's are remote, and every fresh page cost twice to hash through it
+    routing = Routing("radixkv", cost=CostModel.named(MODEL, "h100-sxm"))
+    routing.build([])
+    assert routing.router.context.hash_memo is False
+    assert RouterContext(2).hash_memo is True                  # the simulator keeps it

@@ -251,8 +251,10 @@ def test_page_hashes_memoised_by_span_equal_the_plain_chain(base, tail, cut, ps,
     # regression: the span memo (64 pages per lookup) must agree with the per-page chain for
     # prompts that share a prefix, end mid-span, or differ inside a span seen before
     for t in (base, base[:cut] + tail, base + tail):
-        assert page_hashes(t, ns, ps, algo, salt_first_only=first) == \
-            _chained(t, ns, ps, algo, first)
+        want = _chained(t, ns, ps, algo, first)
+        assert page_hashes(t, ns, ps, algo, salt_first_only=first) == want
+        # the gateway's path: no per-page memo (its caches are remote), the same hashes
+        assert page_hashes(t, ns, ps, algo, salt_first_only=first, memo=False) == want
 
 
 def _event_lists():

@@ -171,6 +171,8 @@ def test_bad_arguments_are_named():
         make_router("radixkv", RouterContext(2))
     with pytest.raises(ValueError, match="num_replicas"):
         RouterContext(0)
+    with pytest.raises(ValueError, match="hash_memo must be True or False, got 'no'"):
+        RouterContext(2, hash_memo="no")
     with pytest.raises(ValueError, match="2 views"):
         make_router("round-robin", ctx(3)).route(req("a", [1]), idle(2))
     with pytest.raises(ValueError, match="cache_threshold"):
