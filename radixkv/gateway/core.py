@@ -39,7 +39,8 @@ class Routing:
         self.lock = threading.RLock()
         self.workers: list[Worker] = []
         self.feeds: list = []
-        self.indexes: list[KVIndex] = []          # the gateway's own view, for its prediction
+        self.indexes: list[KVIndex] = []          # what each worker holds, for the prediction:
+        self._own: list[bool] = []                # the router's index, or the gateway's own
         self.router = None
         self.inflight = InFlight(0)
         self.page_size = 1
@@ -62,7 +63,9 @@ class Routing:
                                 self.prefill_chunk, hash_memo=False)     # the caches are remote
             self.router = make_router(self.router_name, ctx, self.options)
             self.inflight = InFlight(n)
-            self.indexes = [KVIndex() for _ in range(n)]
+            held = [self.router.held_index(i) for i in range(len(workers))]
+            self._own = [ix is None for ix in held]           # the router keeps none: keep one
+            self.indexes = [KVIndex() if ix is None else ix for ix in held]
             self._seq = [0] * n
             self.feeds = [self._feed(i, w) for i, w in enumerate(workers)]
 
@@ -87,8 +90,9 @@ class Routing:
     def on_events(self, i: int, batch: EventBatch) -> None:
         with self.lock:
             self.router.on_events(i, batch)
-            self._seq[i] += 1
-            self.indexes[i].apply(self._seq[i], batch)
+            if self._own[i]:
+                self._seq[i] += 1
+                self.indexes[i].apply(self._seq[i], batch)
 
     def forget(self, i: int) -> None:
         """Worker i left the rotation: what it held is forgotten."""

@@ -176,8 +176,8 @@ class Gateway:
             return tokens
         if not tokens:
             return _error(400, "the prompt is empty", "invalid_request_error")
-        bad = next((t for t in tokens if not 0 <= t < 2**32), None)    # no hash can take it
-        if bad is not None:
+        if min(tokens) < 0 or max(tokens) >= 2**32:                     # no hash can take it
+            bad = next(t for t in tokens if not 0 <= t < 2**32)
             return _error(400, f"prompt token id {bad} is outside [0, 2**32)",
                           "invalid_request_error")
         limit = body.get("max_completion_tokens") or body.get("max_tokens")

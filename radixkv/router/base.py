@@ -177,6 +177,11 @@ class Router(ABC):
         """`request`'s first token came back `seconds` after it arrived (measured by the front
         end: the gateway's clock, or the simulated one); called before `on_first_token`."""
 
+    def held_index(self, replica: int):
+        """The KVIndex this router keeps of what `replica` holds (fed by on_events), None when
+        it keeps none: a front end that predicts hits reads it rather than a second copy."""
+        return None
+
     def fit_quality(self):
         """How a prediction this router fits online tracks what it is fitted to (a
         ttft_fit.FitQuality), None when it fits nothing."""

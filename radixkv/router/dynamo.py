@@ -150,3 +150,6 @@ class DynamoKV(Router):
 
     def on_events(self, replica: int, events: Events) -> None:
         self.index.apply(self.check_replica(replica), events)
+
+    def held_index(self, replica: int):
+        return self.index.indexes[self.check_replica(replica)]

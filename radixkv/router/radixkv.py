@@ -284,6 +284,9 @@ class RadixKVRouter(Router):
     def on_events(self, replica: int, events: Events) -> None:
         self.index.apply(self.check_replica(replica), events)
 
+    def held_index(self, replica: int):
+        return self.index.indexes[self.check_replica(replica)]
+
 
 @ROUTERS.register("radixkv-fit")
 class RadixKVFitRouter(RadixKVRouter):

@@ -157,6 +157,11 @@ def test_a_refusing_worker_is_retried_once_and_a_4xx_comes_back_unchanged():
             wrong = httpx.post(f"{url}/v1/completions", json={"model": "gpt-9", "prompt": "x"})
             assert wrong.status_code == 404 and "does not exist" in wrong.text
             assert httpx.post(f"{url}/v1/completions", content=b"{").status_code == 400
+            for ids, bad_id in (([1, -1, 2], -1), ([2**32, 5], 2**32)):   # no hash takes it
+                r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": ids})
+                assert r.status_code == 400 and r.json()["error"]["message"] == \
+                    f"prompt token id {bad_id} is outside [0, 2**32)"
+            assert done(ws) == [6]                           # nothing of them reached it
 
 
 def worker_app() -> FastAPI:
@@ -357,3 +362,27 @@ def test_the_gateways_router_hashes_prompts_without_the_in_process_memo():
     routing.build([])
     assert routing.router.context.hash_memo is False
     assert RouterContext(2).hash_memo is True                  # the simulator keeps it
+
+
+def test_the_gateway_predicts_from_the_routers_index_and_keeps_its_own_only_without_one():
+    # regression: every KV event batch was applied twice, to the router's index and to a
+    # copy of the gateway's, on the gateway's event loop
+    from radixkv.kvevents.wire import AllBlocksCleared, BlockStored, KVEventBatch
+    from radixkv.router.base import RequestInfo
+    from radixkv.gateway.workers import Worker
+    workers = [Worker("http://127.0.0.1:1", model=MODEL), Worker("http://127.0.0.1:2", model=MODEL)]
+    info = RequestInfo("r", [5, 6, 7, 8, 9], (None, None))
+    for name, shared in (("llm-d-precise", True), ("round-robin", False)):
+        routing = Routing(name)
+        routing.build(workers)
+        try:
+            hashes = routing.router.page_hashes(info)
+            batch = KVEventBatch(0.0, [BlockStored(hashes[:3], None, [5, 6, 7], 1, None, None)])
+            routing.on_events(1, batch)
+            assert [routing.indexes[i] is routing.router.held_index(i) for i in (0, 1)] == \
+                [shared, shared]
+            assert (routing.predicted(0, info), routing.predicted(1, info)) == (0, 3)
+            routing.on_events(1, KVEventBatch(0.0, [AllBlocksCleared()]))
+            assert routing.predicted(1, info) == 0
+        finally:
+            routing.close()
