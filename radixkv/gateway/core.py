@@ -103,7 +103,10 @@ class Routing:
         """The worker for `info`, or None when no healthy worker is left."""
         with self.lock:
             views = self.inflight.views([w.figures for w in self.workers])
-            ok = [i for i, w in enumerate(self.workers) if w.healthy and i not in exclude]
+            healthy = [i for i, w in enumerate(self.workers) if w.healthy]
+            # a retry takes another worker; with none left, the one that failed (its pooled
+            # connection may have been closed under it)
+            ok = [i for i in healthy if i not in exclude] or healthy
             if not ok:
                 return None
             if not exclude:                        # a retry takes the next best, as it is

@@ -5,9 +5,10 @@ client that hangs up closes the upstream request, which the worker then aborts),
 `POST /workers` (`{"url": ..., "kv_events": "tcp://H:P[,tcp://H:P]"}`), `DELETE /workers/{url}`.
 
 Faults: a worker that refuses the connection, times out or answers 5xx before the first byte
-gets the request retried once on the next best worker; a failure after the first byte ends the
-stream with an error event. A worker's 4xx reaches the client unchanged. A request body is
-forwarded as it came. Bad input is a 400 that changes nothing: a body that is not a JSON object,
+gets the request retried once on the next best worker (the same one when it is the only one
+left: its pooled connection may have been closed under it); a failure after the first byte
+ends the stream with an error event. A worker's 4xx reaches the client unchanged. A request
+body is forwarded as it came. Bad input is a 400 that changes nothing: a body that is not a JSON object,
 prompt token ids no page hash can take, a worker URL that does not answer as a worker. Hostile
 clients meet the server's guard (server/guard.py): a body over `max_request_bytes` is a 413
 before it is parsed or sent on, a body or a response write slower than `client_timeout` a 408
@@ -188,6 +189,7 @@ class Gateway:
         headers = {k: v for k, v in raw.headers.items() if k.lower() in PASSED_HEADERS}
         headers["content-type"] = "application/json"
         tried: set[int] = set()
+        retries = 0
         while True:
             t0 = time.perf_counter()
             placed = (self.routing.place(info, frozenset(tried)) if len(tokens) <= INLINE_TOKENS
@@ -212,7 +214,8 @@ class Gateway:
                 resp.close()
             self.routing.finished(info.rid)
             tried.add(i)
-            if len(tried) > 1:
+            retries += 1
+            if retries > 1:
                 log.warning("%s: worker %s failed it too (%s): 502", info.rid, w.url, failed)
                 self.metrics.errors.labels("upstream").inc()
                 return _error(502, f"the workers failed the request (last: {w.url})")
@@ -236,11 +239,14 @@ class Gateway:
     async def _tokenize(self, body: dict, chat: bool) -> list[int] | Response:
         """The request's token ids, from the first healthy worker that answers (one that
         fails — refused, timed out, 5xx — is passed over: it may have died since its last
-        health check); a worker's 4xx, or an error response when none answers."""
+        health check; a single one is asked twice); a worker's 4xx, or an error response when
+        none answers."""
         probes = [w for w in self.routing.workers if w.healthy]
         if not probes:
             self.metrics.errors.labels("no_worker").inc()
             return _error(503, "no healthy worker")
+        if len(probes) == 1:            # a second try, as a request's retry (Routing.choose)
+            probes *= 2
         for w in probes:
             try:
                 return await self.tokens.of(self.session, w.url, body, chat)

@@ -6,12 +6,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-# Encoding holds the GIL; a long text is encoded so that other threads (an event loop serving
-# streams, an engine stepping) run meanwhile: bytes in slices of GIL_SLICE; HF's batch path,
-# which releases the GIL, past GIL_FREE_CHARS characters (a quarter of a millisecond of BPE or
-# less; the batch path costs the same from there on, measured).
+# Encoding a long text lets other threads (an event loop serving streams, an engine stepping)
+# run meanwhile: the byte tokenizer's bytes go in slices of GIL_SLICE; HF's fast batch path
+# releases the GIL and, tracking no offsets, takes half the time of a plain encode at every
+# length (measured: 221 against 410 us for 2,625 characters, 4.3 against 5.4 us for 20).
 GIL_SLICE = 1 << 16
-GIL_FREE_CHARS = 1 << 10
 
 
 class Tokenizer(Protocol):
@@ -119,15 +118,12 @@ class HFTokenizer:
         return tid
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        if len(text) > GIL_FREE_CHARS:       # the same ids, without the GIL while it works
-            ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
-        else:
-            ids = self._tok.encode(text, add_special_tokens=False).ids
+        ids = self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return [self.bos_id, *ids] if add_bos and self.bos_id is not None else ids
 
     def count(self, text: str, add_bos: bool = False) -> int:
         """len(encode(text, add_bos)), without the GIL or a list of ids."""
-        n = len(self._tok.encode_batch([text], add_special_tokens=False)[0])
+        n = len(self._tok.encode_batch_fast([text], add_special_tokens=False)[0])
         return n + (add_bos and self.bos_id is not None)
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:

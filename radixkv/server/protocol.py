@@ -210,6 +210,9 @@ def usage(prompt: int, completion: int, cached: int) -> dict:
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
                code: int = 400) -> dict:
+    # a message may quote the client (a model name): a lone surrogate in it is written escaped,
+    # or the error's own encoding would fail (a 500, the connection dropped)
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"object": "error", "error": {"message": message, "type": kind, "param": param,
                                          "code": code}}
 

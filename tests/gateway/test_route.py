@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixkv.cli import main
 from radixkv.gateway.core import EventSource, Routing
@@ -199,6 +199,35 @@ def test_a_failure_after_the_first_byte_ends_the_stream_with_an_error_event():
         assert r.status_code == 200 and lines[0] == 'data: {"choices": [{"text": "a"}]}'
         assert json.loads(lines[1][6:])["error"]["code"] == 502 and lines[-1] == "data: [DONE]"
         assert gw_metric(url, 'radixkv_route_errors_total{kind="midstream"}') == 1
+
+
+def test_a_lone_worker_that_fails_before_the_first_byte_is_tried_once_more():
+    # regression: with one worker the retry had no other to go to (a 503, or a 502 from
+    # tokenizing), though the failure was its pooled connection closed under the gateway
+    app, calls = worker_app(), {"tokenize": 0, "completions": 0}
+
+    @app.post("/tokenize")
+    async def tokenize():
+        calls["tokenize"] += 1
+        if calls["tokenize"] == 1:
+            return JSONResponse({"error": "busy"}, 500)
+        return {"tokens": [1, 2, 3], "count": 3}
+
+    @app.post("/v1/completions")
+    async def completions():
+        calls["completions"] += 1
+        if calls["completions"] in (1, 3, 4):        # the third request fails twice: a 502
+            return JSONResponse({"error": "busy"}, 503)
+        return {"choices": [{"text": "ok"}]}
+
+    with ServerThread(app) as worker, gateway([worker], "round-robin") as (url, _):
+        r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "x"})
+        assert (r.status_code, r.json(), calls) == \
+            (200, {"choices": [{"text": "ok"}]}, {"tokenize": 2, "completions": 2})
+        r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": [7, 8]})
+        assert r.status_code == 502 and calls["completions"] == 4          # tried twice, no more
+        assert "the workers failed the request" in r.json()["error"]["message"]
+        assert gw_metric(url, "radixkv_route_retries_total") == 2
 
 
 def test_a_client_hang_up_cancels_the_upstream_request():

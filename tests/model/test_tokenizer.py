@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from radixkv.shapes import get_model_config
 from radixkv.model.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
@@ -86,10 +87,9 @@ def test_load_tokenizer_default_and_missing(tmp_path):
 
 
 def test_long_text_encodes_the_same_in_slices(hf_dir):
-    """Past GIL_SLICE the byte tokenizer encodes in slices, and past GIL_FREE_CHARS the HF one
-    through its batch path (both let other threads run); the ids are exactly those of one whole
-    encode."""
-    from radixkv.model.tokenizer import GIL_FREE_CHARS, GIL_SLICE
+    """Past GIL_SLICE the byte tokenizer encodes in slices, and the HF one always takes its fast
+    batch path (both let other threads run); the ids are exactly those of one whole encode."""
+    from radixkv.model.tokenizer import GIL_SLICE
     text = "héllo wörld! " * (3 * GIL_SLICE // 13 + 5)          # > 3 slices of UTF-8 bytes
     assert len(text) > GIL_SLICE
     tok = ByteTokenizer()
@@ -98,12 +98,38 @@ def test_long_text_encodes_the_same_in_slices(hf_dir):
     long = "hello world ! xyz " * (GIL_SLICE // 18 + 7)
     assert len(long) > GIL_SLICE
     assert hf.encode(long, add_bos=True) == [1, *[3, 4, 5, 0] * (GIL_SLICE // 18 + 7)]
-    assert hf.encode(long) == hf._tok.encode(long, add_special_tokens=False).ids
-    for n in (GIL_FREE_CHARS // 18, GIL_FREE_CHARS // 18 + 1):   # either side of the batch path
+    for n in (0, 1, 56, 57, 1000):
         text = "hello world ! xyz " * n
-        assert (len(text) > GIL_FREE_CHARS) == (n > GIL_FREE_CHARS // 18)
         assert hf.encode(text) == hf._tok.encode(text, add_special_tokens=False).ids \
             == [3, 4, 5, 0] * n
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+    """A byte-level BPE with merges learned from a small corpus, and a special token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["the quick brown fox jumps over the lazy dog", "héllo wörld 日本語 🙂",
+              "def f(x):\n    return x  +  1\n"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    out = tmp_path_factory.mktemp("bpe")
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=40), st.sampled_from(
+    ["the ", " fox", "<s>", "  ", "\n\n", "wörld", "🙂", "return x"])), max_size=12))
+def test_the_fast_batch_path_encodes_as_the_plain_encode(bpe_dir, parts):
+    # the switch to encode_batch_fast (no offsets): the same ids as a plain encode for any text,
+    # merges, special tokens, whitespace runs and astral code points included
+    hf, text = load_tokenizer(bpe_dir), "".join(parts)
+    assert hf.encode(text) == hf._tok.encode(text, add_special_tokens=False).ids
+    assert hf.count(text) == len(hf.encode(text))
 
 
 def test_count_is_the_length_of_encode(hf_dir):

@@ -61,6 +61,24 @@ def test_tokenize_refuses_bad_bodies(sim, body, status, message):
     assert r.status_code == status and message in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("path", ["/tokenize", "/v1/completions", "/v1/chat/completions"])
+def test_a_lone_surrogate_quoted_in_an_error_is_escaped_and_the_connection_kept(sim, path):
+    # regression: the 404 naming a model `\udfff x` failed its own encoding (a 500, the
+    # connection dropped under the gateway's pool)
+    url, _ = sim
+    body = b'{"model": "\\udfff x", "prompt": "a", "messages": [{"role": "user", "content": "a"}]}'
+    if path != "/v1/chat/completions":
+        body = body.replace(b', "messages": [{"role": "user", "content": "a"}]', b"")
+    else:
+        body = body.replace(b', "prompt": "a"', b"")
+    with httpx.Client(base_url=url, timeout=30) as c:
+        r = c.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 404
+        assert r.json()["error"]["message"].startswith("The model `\\udfff x` does not exist")
+        assert c.post("/tokenize", json={"prompt": "a"}).status_code == 200   # same connection
+        assert r.headers.get("connection") != "close"
+
+
 def test_detokenize_round_trips_and_refuses_ids_outside_the_vocabulary(sim):
     url, state = sim
     ids = post(url, "/tokenize", {"prompt": "naïve text", "add_special_tokens": False}).json()
