@@ -132,7 +132,8 @@ class _SendDeadline:
         self.fired = False
 
     def begin(self) -> None:
-        self.since, self.task = self.loop.time(), asyncio.current_task()
+        # the loop given: without it, each call asks for the running loop, a getpid() each
+        self.since, self.task = self.loop.time(), asyncio.current_task(self.loop)
         if self.timer is None:
             self.timer = self.loop.call_at(self.since + self.timeout, self._check)
 
