@@ -39,13 +39,13 @@ class FeedCounts(NamedTuple):
 
 class _Forwarding(KVIndex):
     """A KVIndex that hands every batch it applies to `sink` (set after `connect`), and a
-    resync as an AllBlocksCleared."""
+    resync as an AllBlocksCleared. It keeps the stream's sequence (gaps, losses, replays), not
+    its pages: the sink's owner keeps those, so each batch is applied once."""
     sink: Sink | None = None
 
-    def _step(self, seq: int, batch: EventBatch) -> bool:
+    def _apply_events(self, batch: EventBatch) -> None:
         if self.sink is not None:
             self.sink(batch)
-        return super()._step(seq, batch)
 
     def _resync(self) -> None:
         if self.sink is not None:

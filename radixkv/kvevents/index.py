@@ -95,6 +95,11 @@ class KVIndex:
 
     def _step(self, seq: int, batch: EventBatch) -> bool:
         self.missed += seq - self.last_seq - 1
+        self._apply_events(batch)
+        self.last_seq = seq
+        return True
+
+    def _apply_events(self, batch: EventBatch) -> None:
         for e in batch.events:
             if isinstance(e, BlockStored):
                 hashes = list(e.block_hashes)
@@ -104,8 +109,6 @@ class KVIndex:
             else:
                 self._held.clear()
                 self.parents.clear()
-        self.last_seq = seq
-        return True
 
     def apply_kv(self, seq: int, events: Sequence[KVEvent] | Sequence[EventRun],
                  page_size: int) -> bool:

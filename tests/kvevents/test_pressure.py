@@ -231,6 +231,9 @@ def test_the_gateway_shows_each_workers_lost_and_replayed_batches():
             # the gateway forgot what it held at the loss: it holds what batch 13 stored
             assert routing.indexes[0].hashes() == reference(driver, [13]).hashes()
             assert routing.indexes[0].hashes() <= driver.cache.page_hashes()
+            # regression: the feed's own index applied every batch too (a third copy); it
+            # keeps the sequence only
+            assert len(routing.feeds[0]._index) == 0 and routing.feeds[0]._index.parents == {}
 
 
 def test_replay_answers_with_vllms_topic_frame_are_read():
