@@ -29,8 +29,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixkv.router.base import ROUTERS, Events, ReplicaView, RequestInfo, Router, RouterContext
-from radixkv.router.llmd import EventIndexes
+from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, RouterContext
+from radixkv.router.llmd import EventRouter
 from radixkv.validate import finite_at_least
 
 
@@ -72,14 +72,12 @@ def softmax_sample(logits: Sequence[float], temperature: float, u: float) -> int
 
 
 @ROUTERS.register("dynamo-kv")
-class DynamoKV(Router):
+class DynamoKV(EventRouter):
     name = "dynamo-kv"
-    uses_events = True
     Options = DynamoOptions
 
     def __init__(self, context: RouterContext, options: DynamoOptions | None = None):
         super().__init__(context, options)
-        self.index = EventIndexes(self.n, context.page_size)
         self.rng = random.Random(context.seed)
         self.active: list[dict[int, int]] = [{} for _ in range(self.n)]   # hash -> requests
         self.pending = [0] * self.n           # prefill tokens of requests with no first token
@@ -147,9 +145,3 @@ class DynamoKV(Router):
                 active[h] = left
             else:
                 del active[h]
-
-    def on_events(self, replica: int, events: Events) -> None:
-        self.index.apply(self.check_replica(replica), events)
-
-    def held_index(self, replica: int):
-        return self.index.indexes[self.check_replica(replica)]

@@ -57,15 +57,28 @@ class EventIndexes:
             index.apply_kv(index.last_seq + 1, events, self.page_size)
 
 
-@ROUTERS.register("llm-d-precise")
-class LLMDPrecise(Router):
-    name = "llm-d-precise"
+class EventRouter(Router):
+    """A router that knows what each replica holds from its KV events (one EventIndexes)."""
     uses_events = True
+
+    def __init__(self, context: RouterContext, options=None):
+        super().__init__(context, options)
+        self.index = EventIndexes(self.n, context.page_size)
+
+    def on_events(self, replica: int, events: Events) -> None:
+        self.index.apply(self.check_replica(replica), events)
+
+    def held_index(self, replica: int) -> KVIndex:
+        return self.index.indexes[self.check_replica(replica)]
+
+
+@ROUTERS.register("llm-d-precise")
+class LLMDPrecise(EventRouter):
+    name = "llm-d-precise"
     Options = LLMDOptions
 
     def __init__(self, context: RouterContext, options: LLMDOptions | None = None):
         super().__init__(context, options)
-        self.index = EventIndexes(self.n, context.page_size)
         self.rng = random.Random(context.seed)
 
     def scores(self, request: RequestInfo, replicas: Sequence[ReplicaView]) -> list[float]:
@@ -81,9 +94,3 @@ class LLMDPrecise(Router):
         scores = self.scores(request, replicas)
         best = max(scores)
         return self.rng.choice([i for i, s in enumerate(scores) if s == best])
-
-    def on_events(self, replica: int, events: Events) -> None:
-        self.index.apply(self.check_replica(replica), events)
-
-    def held_index(self, replica: int):
-        return self.index.indexes[self.check_replica(replica)]

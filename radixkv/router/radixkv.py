@@ -50,9 +50,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from radixkv.router.base import (ROUTERS, Events, ReplicaView, RequestInfo, Router,
-                                 RouterContext)
-from radixkv.router.llmd import EventIndexes
+from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, RouterContext
+from radixkv.router.llmd import EventRouter
 from radixkv.router.ttft_fit import TTFTFit
 from radixkv.validate import finite_at_least, positive_number
 
@@ -92,9 +91,8 @@ class Prediction(NamedTuple):
 
 
 @ROUTERS.register("radixkv")
-class RadixKVRouter(Router):
+class RadixKVRouter(EventRouter):
     name = "radixkv"
-    uses_events = True
     Options = RadixKVOptions
 
     def __init__(self, context: RouterContext, options: RadixKVOptions | None = None):
@@ -102,7 +100,6 @@ class RadixKVRouter(Router):
         if context.cost is None:
             raise ValueError("router 'radixkv' needs a cost model (RouterContext.cost)")
         self.cost = context.cost
-        self.index = EventIndexes(self.n, context.page_size)
         self.inflight: list[dict[int, int]] = [{} for _ in range(self.n)]  # hash -> requests
         self.pending = [0] * self.n          # new tokens routed, first token not back yet
         self._flights: dict[str, Flight] = {}
@@ -280,12 +277,6 @@ class RadixKVRouter(Router):
         left = list(map((-1).__add__, map(flying.pop, hashes, repeat(1))))
         if left.count(0) != len(left):                      # pages other requests still fly
             flying.update(compress(zip(hashes, left), left))
-
-    def on_events(self, replica: int, events: Events) -> None:
-        self.index.apply(self.check_replica(replica), events)
-
-    def held_index(self, replica: int):
-        return self.index.indexes[self.check_replica(replica)]
 
 
 @ROUTERS.register("radixkv-fit")
