@@ -8,11 +8,11 @@ Faults: a worker that refuses the connection, times out or answers 5xx before th
 gets the request retried once on the next best worker (the same one when it is the only one
 left: its pooled connection may have been closed under it); a failure after the first byte
 ends the stream with an error event. A worker's 4xx reaches the client unchanged. A request
-body is forwarded as it came. Bad input is a 400 that changes nothing: a body that is not a JSON object,
-prompt token ids no page hash can take, a worker URL that does not answer as a worker. Hostile
-clients meet the server's guard (server/guard.py): a body over `max_request_bytes` is a 413
-before it is parsed or sent on, a body or a response write slower than `client_timeout` a 408
-or a dropped connection (its upstream request closed).
+body is forwarded as it came. Bad input is a 400 that changes nothing: a body that is not a JSON
+object, prompt token ids no page hash can take, a worker URL that does not answer as a worker.
+Hostile clients meet the server's guard (server/guard.py): a body over `max_request_bytes` is a
+413 before it is parsed or sent on, a body or a response write slower than `client_timeout` a
+408 or a dropped connection (its upstream request closed).
 """
 from __future__ import annotations
 
