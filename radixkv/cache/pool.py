@@ -86,10 +86,18 @@ class SlotPool:
         self.reset()
 
     def reset(self) -> None:
-        # free pages as a stack: the top is the end; low page ids are handed out first
+        # free pages as a stack: the top is the end; low page ids are handed out first, and
+        # pages freed together come back in the order they were freed
         self._free = np.arange(self.num_pages - 1, -1, -1, dtype=SLOT_DTYPE)
         self._top = self.num_pages
         self._in_use = np.zeros(self.num_slots, dtype=bool)      # per slot: handed out
+
+    def _push(self, pages) -> None:
+        # reversed, so alloc (which reads the top downwards) hands a freed run back in the
+        # order it was freed: an ascending run stays ascending, a contiguous gather
+        n = len(pages)
+        self._free[self._top:self._top + n] = pages[::-1]
+        self._top += n
 
     def available(self) -> int:
         """Free slots (always whole pages)."""
@@ -150,8 +158,7 @@ class SlotPool:
             if self._in_use.reshape(-1, ps)[pages].any():
                 self._in_use[arr] = True
                 raise ValueError(f"free of {arr.size} slots does not cover whole pages of {ps}")
-        self._free[self._top:self._top + pages.size] = pages
-        self._top += pages.size
+        self._push(pages)
 
     def release(self, slots: np.ndarray) -> None:
         """free() without its checks, for slots a cache just evicted: the caller guarantees
@@ -166,8 +173,7 @@ class SlotPool:
             pages = slots[::ps] // ps                 # a new array: sorted in place
             pages.sort()
         self._in_use[slots] = False
-        self._free[self._top:self._top + pages.size] = pages
-        self._top += pages.size
+        self._push(pages)
 
     def _free_small(self, arr: np.ndarray) -> None:
         """free() of at most _SMALL slots: the same checks, messages and page order."""
@@ -186,8 +192,7 @@ class SlotPool:
         if len(pages) * ps != len(items):         # no duplicates here, so this means a partial page
             raise ValueError(f"free of {arr.size} slots does not cover whole pages of {ps}")
         in_use[arr] = False
-        self._free[self._top:self._top + len(pages)] = pages
-        self._top += len(pages)
+        self._push(pages)
 
     def _free_sorted(self, arr: np.ndarray) -> None:
         """free() of a batch small beside the pool: duplicates and whole pages read off one sort."""
@@ -201,8 +206,7 @@ class SlotPool:
             if s.size % ps or not (s.reshape(-1, ps) - (pages * ps)[:, None] == self._offsets).all():
                 raise ValueError(f"free of {arr.size} slots does not cover whole pages of {ps}")
         self._in_use[arr] = False
-        self._free[self._top:self._top + pages.size] = pages
-        self._top += pages.size
+        self._push(pages)
 
     def check_conservation(self, held: Iterable[Iterable[int]] = ()) -> None:
         """Every slot is free here or held by exactly one holder in `held` (tree, requests)."""

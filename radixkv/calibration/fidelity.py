@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from radixkv.config import CacheConfig, EngineConfig
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.engine.metrics import EngineReport
@@ -90,6 +92,25 @@ def run_real(workload, cfg: EngineConfig, ex) -> tuple[EngineReport, float]:
     busy0 = ex.busy_s
     rep = _run(workload, cfg, ex)
     return rep, ex.busy_s - busy0
+
+
+def speed_check(ex, profile, points: int = 12, seed: int = 0) -> float:
+    """The machine's speed now against the profile's: the median of (time now / time in the
+    profile) over `points` of its grid samples re-timed on `ex` as calibrate timed them
+    (cheap ones, under 50 ms, whose slots fit the executor's pool). 1.3: steps take 30 %
+    longer than when the profile was measured (a shared machine, another core, a drift)."""
+    from radixkv.calibration.measure import pool_slots, time_point   # torch: only here
+    from radixkv.sim.ratio_grid import RatioGrid
+
+    cands = [s for s in profile.samples if s.seconds < 0.05 and RatioGrid.on_grid(
+        (s.segments, s.contexts)) and pool_slots([(s.segments, s.contexts)]) <= ex.kv.num_slots]
+    if not cands:
+        raise ValueError("the profile has no grid step cheap enough to re-time, and this pool "
+                         "holds none of its steps")
+    pick = cands[::max(1, len(cands) // points)][:points]
+    rng = np.random.default_rng(seed)
+    ratios = [time_point(ex, (s.segments, s.contexts), 15, rng, 0.5) / s.seconds for s in pick]
+    return float(np.median(ratios))
 
 
 def run_simulated(workload, cfg: EngineConfig, cost: ProfiledCostModel) -> tuple[EngineReport, float]:

@@ -6,10 +6,11 @@ Grid: prefill steps of `batch` equal segments of `new` tokens after `prefix` cac
 mixed prefill batches (one long segment, of at most a quarter of `max_step_tokens`, beside short
 ones, so padding is seen: their padded grid is what makes them slow to time); decode steps of
 `batch` requests at `context` tokens (at most `max_decode_context` context tokens in all), plus
-decode batches with mixed contexts. Each point is timed up to `repeats` times after a warm-up
+decode batches with mixed contexts. Each point is run back to back, as an engine's steps are
+(a decode step follows one of nearly the same shape), up to `repeats` times after a warm-up
 run, fewer once the timed runs add up to `repeat_budget_s` (a 3 s prefill varies by well under
-the 1 % that repeating it would win); the fastest is kept. On a CPU `flush_bytes` are written
-before each timed run, so a step starts with cold caches as in a real run (time_point).
+the 1 % that repeating it would win); the mean is kept, the expected step of a real run on a
+machine that others share (time_point).
 
 The CPU grid reaches what CPU-sized workloads do: prefills up to the default chunk (8192 new
 tokens a step) after prefixes up to 4096, decode batches up to 64 and contexts up to 6144,
@@ -33,7 +34,7 @@ from radixkv.engine.executor import BatchPlan
 from radixkv.model.executor import TorchExecutor
 from radixkv.sched.batch import Segment
 from radixkv.sched.request import Request
-from radixkv.sim.profile import Profile, Sample, fit_spill
+from radixkv.sim.profile import Profile, Sample, fit_spill, held_out
 from radixkv.sim.specs import ModelSpec
 from radixkv.validate import positive_int
 
@@ -46,13 +47,12 @@ class Grid:
     new: tuple[int, ...] = (8, 32, 128, 384, 1024, 2048, 4096)
     prefix: tuple[int, ...] = (0, 512, 1536, 4096)
     prefill_batch: tuple[int, ...] = (1, 3)
-    decode_batch: tuple[int, ...] = (1, 4, 12, 32, 64)
-    context: tuple[int, ...] = (64, 768, 2048, 4096, 6144)
+    decode_batch: tuple[int, ...] = (1, 2, 4, 12, 32, 64)
+    context: tuple[int, ...] = (64, 256, 768, 1280, 2048, 4096, 6144)
     max_step_tokens: int = 8192          # new tokens of one prefill step at most
     max_decode_context: int = 200_000    # context tokens of one decode step at most
-    repeats: int = 3
+    repeats: int = 15
     repeat_budget_s: float = 0.5         # no further timed runs once these add up to this
-    flush_bytes: int = 64 << 20          # written before each timed run (0: none), see time_point
     seed: int = 0
 
     def __post_init__(self):
@@ -68,9 +68,6 @@ class Grid:
             raise ValueError(f"calibration grid: repeat_budget_s must be > 0, got "
                              f"{self.repeat_budget_s!r}")
         positive_int(self.repeats, "calibration grid: repeats")
-        if not (isinstance(self.flush_bytes, int) and self.flush_bytes >= 0):
-            raise ValueError(f"calibration grid: flush_bytes must be an int >= 0, got "
-                             f"{self.flush_bytes!r}")
 
     @classmethod
     def for_device(cls, device: torch.device) -> "Grid":
@@ -78,7 +75,7 @@ class Grid:
             return cls(new=(16, 128, 512, 2048, 8192), prefix=(0, 1024, 4096),
                        prefill_batch=(1, 4), decode_batch=(1, 8, 32, 128, 256),
                        context=(256, 1024, 4096), max_step_tokens=16384,
-                       max_decode_context=1 << 20, repeats=5, flush_bytes=0)
+                       max_decode_context=1 << 20, repeats=5)
         return cls()
 
     def points(self) -> list[Point]:
@@ -127,27 +124,35 @@ def plan_of(point: Point, num_slots: int, vocab: int, rng: np.random.Generator) 
 
 
 def time_point(ex: TorchExecutor, point: Point, repeats: int, rng: np.random.Generator,
-               budget_s: float = math.inf, flush: torch.Tensor | None = None) -> float:
-    """Fastest of up to `repeats` TorchExecutor.run calls on this step (after one untimed
-    run), none started once the timed ones add up to `budget_s`: on a shared machine other
-    work only ever adds time, so the minimum is the stable figure. `flush`, when given, is
-    written before each timed run: in a real run the scheduler's work and the other
-    requests' KV have evicted the CPU caches between steps, so a step starts with its weights
-    and KV in DRAM, not in the cache where back-to-back runs of one plan would find them."""
+               budget_s: float = math.inf) -> float:
+    """Mean of up to `repeats` back-to-back TorchExecutor.run calls on this step (after one
+    untimed run), none started once the timed ones add up to `budget_s`. Back to back, as a
+    real run's steps are: the scheduler's work between them leaves the weights and the running
+    requests' KV in the CPU caches (a decode of one 64-token context: 0.53 ms warm, 2.0 ms
+    after writing 64 MiB elsewhere; real runs' decodes took 0.5-0.6 ms). The mean, not the
+    minimum: a real run's steps share the machine as these do, stalls included, and what a
+    simulation adds up is their expected time."""
     plan = plan_of(point, ex.kv.num_slots, ex.args.vocab_size, rng)
     ex.run(plan)
     runs: list[float] = []
     while not runs or (len(runs) < repeats and sum(runs) < budget_s):
-        if flush is not None:
-            flush.add_(1)
         runs.append(ex.run(plan).duration)
-    return float(min(runs))
+    return float(np.mean(runs))
+
+
+def _affinity() -> list[int] | None:
+    """The CPUs this process may run on: a profile holds where it was measured (taskset -c N)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:                      # not offered on this platform
+        return None
 
 
 def machine_info(device: torch.device) -> dict:
     return {"host": platform.node(), "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "affinity": _affinity(),
             "cuda": torch.version.cuda if device.type == "cuda" else None,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
@@ -161,22 +166,22 @@ def calibrate(ex: TorchExecutor, grid: Grid,
         raise ValueError(f"calibration needs a KV pool of {need:,} slots, the executor has "
                          f"{ex.kv.num_slots:,}")
     rng = np.random.default_rng(grid.seed)
-    flush = (torch.zeros(grid.flush_bytes // 4, dtype=torch.int32, device=ex.device)
-             if grid.flush_bytes else None)
     time_point(ex, points[-1], 1, rng)                      # warm-up: allocator, kernels
     samples = []
     for i, pt in enumerate(points):
         samples.append(Sample(pt[0], pt[1], time_point(ex, pt, grid.repeats, rng,
-                                                       grid.repeat_budget_s, flush)))
+                                                       grid.repeat_budget_s)))
         if progress is not None:
             progress(i + 1, len(points))
     spec_dtype = str(ex.dtype).removeprefix("torch.")
     spec = ModelSpec(ex.args, tp=1, dtype_bytes=ex.dtype.itemsize)
     coef, res, spill = fit_spill(spec, samples)
+    held = held_out(spec, samples, coef, spill)
     dev = ex.device
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor()
                                                                         or platform.machine())
     return Profile(model=ex.args, dtype=spec_dtype, dtype_bytes=ex.dtype.itemsize,
                    device=dev.type, device_name=name, backend=ex.attention.name,
                    machine=machine_info(dev), grid=grid.as_dict(), coefficients=coef,
-                   residuals=res, samples=tuple(samples), spill_bytes=spill)
+                   residuals=res, samples=tuple(samples), spill_bytes=spill,
+                   corrected=True, held_out=held)

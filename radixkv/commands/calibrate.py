@@ -39,6 +39,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from radixkv.calibration.measure import Grid, calibrate, pool_slots  # torch: only here
+    from radixkv.sim.profile import held_out
     from radixkv.model.setup import torch_target
 
     check_file_target(args.out, "--out")
@@ -64,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
         con.print(f"  {k:18s} {v:.4g}", highlight=False)
     spill = "none" if prof.spill_bytes is None else f"{prof.spill_bytes / 2**20:.1f} MiB"
     con.print(f"  {'spill threshold':18s} {spill} (one layer's padded KV grid)", highlight=False)
+    if prof.held_out is not None:
+        lin, cor = held_out(prof.model_spec, prof.samples, prof.coefficients, prof.spill_bytes,
+                            corrected=False), prof.held_out
+        con.print(f"held out (the {cor.samples} mixed batches, in no table): the linear form "
+                  f"rms {lin.rms:.1%}, max {lin.max_abs:.1%}; with the grid's ratio rms "
+                  f"{cor.rms:.1%}, max {cor.max_abs:.1%}", highlight=False)
     prof.save(args.out)
     con.print(f"wrote {args.out}")
     return 0

@@ -4,6 +4,7 @@ relative error of each (radixkv.calibration.fidelity)."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,11 @@ from radixkv.sim.profile import load_profile
 CPU_DEFAULTS: dict[str, dict[str, Any]] = {
     **GENERATE_DEFAULTS,
     "multiturn": dict(num_users=12, turns=4, msg_len=(16, 96), reply_len=(8, 48), rate=2.0),
+    "fewshot": dict(num_questions=100, preamble_len=1024, question_len=(16, 64),
+                    output_len=(8, 48), rate=4.0),
+    "tree": dict(num_trees=3, branching=3, depth=2, root_len=768, reply_len=(16, 64), rate=1.0),
+    "rag": dict(num_requests=100, num_docs=40, doc_len=512, system_len=128,
+                question_len=(16, 64), output_len=(8, 48), rate=2.0),
 }
 DEFAULT_TOKENS = 65536
 TOLERANCE = 0.10
@@ -45,13 +51,21 @@ def register(subparsers: Any) -> None:
     add_config_flags(p, caches="one", scheduler=True, max_total_tokens=str(DEFAULT_TOKENS))
     add_torch_flag(p, "--device", default="the profile's device")
     add_torch_flag(p, "--threads", default=", as calibrate")
+    p.add_argument("--speed-check", action="store_true",
+                   help="re-time a dozen of the profile's grid steps before and after the real "
+                        "run, print how much faster or slower this machine runs now, and add "
+                        "the errors of a simulation at that speed (a shared machine drifts)")
     p.add_argument("--json", type=Path, metavar="OUT",
                    help="also write per metric real, simulated and relative_error as JSON")
     p.set_defaults(func=run)
 
 
+def _signed(x: float) -> str:
+    return f"{'+' if x >= 0 else ''}{pct(x)}"
+
+
 def run(args: argparse.Namespace) -> int:
-    from radixkv.calibration.fidelity import compare_reports, run_real, run_simulated
+    from radixkv.calibration.fidelity import compare_reports, run_real, run_simulated, speed_check
     from radixkv.model.setup import model_args, torch_target  # the torch extra: only here
 
     if args.json is not None:
@@ -72,28 +86,52 @@ def run(args: argparse.Namespace) -> int:
     ex = target.executor(cfg.kv_capacity, seed=rc.seed, attention=prof.backend,
                                    host_slots=cfg.cache.host_kv_tokens)
     con = console()
+    speeds = []
+    if args.speed_check:
+        with con.status("speed check: re-timing the profile's grid steps"):
+            speeds.append(speed_check(ex, prof))
     with con.status(f"real run: {ex.name}, {len(wl)} requests"):
         real, real_busy = run_real(wl, cfg, ex)
+    if args.speed_check:
+        with con.status("speed check: re-timing the profile's grid steps"):
+            speeds.append(speed_check(ex, prof))
     sim, sim_busy = run_simulated(wl, cfg, prof.cost_model())
     fid = compare_reports(real, real_busy, sim, sim_busy)
+    speed = math.sqrt(speeds[0] * speeds[1]) if speeds else None
+    at = None if speed is None else compare_reports(
+        real, real_busy, *run_simulated(wl, cfg, prof.cost_model(speed)))
     table = Table(title=f"{wl.name} ({len(wl)} requests) · {cfg.cache.label} · {ex.name} "
                         f"({ex.attention.name}) vs profile {args.profile}")
-    for col in ("metric", "real s", "simulated s", "error"):
+    cols = ["metric", "real s", "simulated s", "error"] + \
+        ([] if at is None else [f"simulated x{speed:.2f} s", f"error x{speed:.2f}"])
+    for col in cols:
         table.add_column(col, justify="left" if col == "metric" else "right")
-    for r in fid.rows:
-        table.add_row(r.metric, f"{r.real:.4f}", f"{r.simulated:.4f}",
-                      f"{'+' if r.relative_error >= 0 else ''}{pct(r.relative_error)}")
+    for i, r in enumerate(fid.rows):
+        cells = [r.metric, f"{r.real:.4f}", f"{r.simulated:.4f}", _signed(r.relative_error)]
+        if at is not None:
+            cells += [f"{at.rows[i].simulated:.4f}", _signed(at.rows[i].relative_error)]
+        table.add_row(*cells)
     con.print(table)
     w = fid.worst
     con.print(f"worst: {w.metric} {w.relative_error:+.1%} · steps real {real.steps}, simulated "
               f"{sim.steps} · {'within' if fid.within(TOLERANCE) else 'OUTSIDE'} "
               f"{TOLERANCE:.0%}", highlight=False)
+    if at is not None:
+        wa = at.worst
+        con.print(f"speed check: this machine ran the profile's steps x{speeds[0]:.3f} before "
+                  f"and x{speeds[1]:.3f} after the real run; simulated at x{speed:.3f}, worst "
+                  f"{wa.metric} {wa.relative_error:+.1%} · "
+                  f"{'within' if at.within(TOLERANCE) else 'OUTSIDE'} {TOLERANCE:.0%}",
+                  highlight=False)
     if args.json is not None:
         doc = metadata(workload_info(wl, args.workload), model=margs.name,
                        gpu=f"{prof.device}:{prof.device_name}", max_total_tokens=cfg.kv_capacity,
                        results=[{"metric": r.metric, **r.as_dict()} for r in fid.rows],
                        timing=prof.cost_model().timing)
         doc["metrics"] = {r.metric: r.as_dict() for r in fid.rows}
+        if at is not None:
+            doc["speed"] = {"before": speeds[0], "after": speeds[1], "simulated_at": speed}
+            doc["metrics_at_speed"] = {r.metric: r.as_dict() for r in at.rows}
         doc["profile"] = str(args.profile)
         with Outputs() as out:
             out.write_json(args.json, doc)

@@ -23,7 +23,12 @@ writes (K*T) are proportional to T for one model, so c_linear absorbs them.
 S, the spill threshold, is fitted too (fit_spill): the per-layer padded-KV size, between two
 measured steps, at which the fit is best; about the last-level cache on a CPU (on a 32 MiB-L3
 EPYC a decode of 12 x 2k contexts runs at 1.6 ns per padded token, 12 x 4k at 3.1 ns). None:
-no step spills (S = infinity). No torch here: the timing harness lives in radixkv.calibration.
+no step spills (S = infinity).
+
+What the linear form still misses at the measured steps is priced too (format 3): its ratio
+to each uniform step of the grid, interpolated between them (radixkv.sim.ratio_grid),
+multiplies it; the grid's mixed batches, in no table, are the held-out check. A format-2
+profile prices by the linear form alone. No torch here: the timing harness lives in radixkv.calibration.
 """
 from __future__ import annotations
 
@@ -36,11 +41,13 @@ from pathlib import Path
 import numpy as np
 
 from radixkv.shapes import ModelArgs
+from radixkv.sim.ratio_grid import RatioGrid
 from radixkv.sim.specs import ModelSpec
 
 FEATURES = ("step", "segment", "linear_flops", "attn_flops", "padded_attn_flops",
             "kv_read_bytes", "padded_kv_bytes", "spilled_kv_bytes")
-FORMAT = "radixkv-profile/2"
+FORMAT = "radixkv-profile/3"
+LINEAR_FORMAT = "radixkv-profile/2"        # still read: the linear form alone, no smoothing
 OLD_FORMATS = ("radixkv-profile/1",)
 OUTLIER_FLOOR = 0.25
 
@@ -135,6 +142,38 @@ def fit(spec: ModelSpec, samples: Sequence[Sample],
                       float(np.median(kept)), int(keep.sum()), int((~keep).sum())))
 
 
+def _ratio_grid(spec: ModelSpec, samples: Sequence[Sample], coef: dict[str, float],
+                spill_bytes: float | None) -> RatioGrid:
+    """The measured ratio to the linear form at the samples that are grid points."""
+    c = np.array([coef[f] for f in FEATURES])
+    on = [s for s in samples if RatioGrid.on_grid((s.segments, s.contexts))]
+    lin = np.array([step_features(spec, s.segments, s.contexts, spill_bytes) for s in on]) @ c \
+        if on else np.zeros(0)
+    keep = lin > 0
+    return RatioGrid([(s.segments, s.contexts) for s, k in zip(on, keep) if k],
+                     np.log(np.array([s.seconds for s in on])[keep] / lin[keep]))
+
+
+def held_out(spec: ModelSpec, samples: Sequence[Sample], coef: dict[str, float],
+             spill_bytes: float | None, corrected: bool = True) -> Residuals | None:
+    """Relative error of the samples that are not grid points (mixed batches), priced by the
+    linear form and, when `corrected`, the grid's ratio: how well steps off the grid are
+    priced. None when every sample is a grid point."""
+    off = [s for s in samples if not RatioGrid.on_grid((s.segments, s.contexts))]
+    if not off:
+        return None
+    grid = _ratio_grid(spec, samples, coef, spill_bytes) if corrected else None
+    c = np.array([coef[f] for f in FEATURES])
+    rel = []
+    for s in off:
+        t = float(np.array(step_features(spec, s.segments, s.contexts, spill_bytes)) @ c)
+        if grid is not None:
+            t *= grid.factor(s.segments, s.contexts)
+        rel.append(abs(t / s.seconds - 1))
+    a = np.array(rel)
+    return Residuals(float(np.sqrt(np.mean(a ** 2))), float(a.max()), float(np.median(a)), len(a))
+
+
 def fit_spill(spec: ModelSpec, samples: Sequence[Sample]
               ) -> tuple[dict[str, float], Residuals, float | None]:
     """fit() at the spill threshold that fits best: none, or the geometric mean of two
@@ -172,6 +211,8 @@ class Profile:
     residuals: Residuals
     samples: tuple[Sample, ...] = field(default=(), repr=False)
     spill_bytes: float | None = None    # the fitted threshold S; None: no step spills
+    corrected: bool = False             # priced with the grid's measured ratio (format 3)
+    held_out: Residuals | None = None   # the mixed batches' error, priced as the profile prices
 
     def __post_init__(self):
         if set(self.coefficients) != set(FEATURES):
@@ -183,13 +224,17 @@ class Profile:
         s = self.spill_bytes
         if s is not None and not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
             raise ValueError(f"profile spill_bytes must be a finite number > 0 or null, got {s!r}")
+        if self.corrected and not any(RatioGrid.on_grid((x.segments, x.contexts))
+                                      for x in self.samples):
+            raise ValueError("a profile priced by its grid's ratio needs its grid samples, and "
+                             "has none")
 
     @property
     def model_spec(self) -> ModelSpec:
         return ModelSpec(self.model, tp=1, dtype_bytes=self.dtype_bytes)
 
-    def cost_model(self) -> "ProfiledCostModel":
-        return ProfiledCostModel(self)
+    def cost_model(self, speed: float = 1.0) -> "ProfiledCostModel":
+        return ProfiledCostModel(self, speed)
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "model": asdict(self.model), "dtype": self.dtype,
@@ -198,6 +243,8 @@ class Profile:
                 "machine": self.machine, "grid": self.grid, "form": "t = sum(coef * feature)",
                 "coefficients": self.coefficients, "spill_bytes": self.spill_bytes,
                 "residuals": asdict(self.residuals),
+                "correction": {"kind": "grid-ratio", "held_out": None if self.held_out is None
+                               else asdict(self.held_out)} if self.corrected else None,
                 "samples": [{"segments": [list(s) for s in x.segments],
                              "contexts": list(x.contexts), "seconds": x.seconds}
                             for x in self.samples]}
@@ -208,10 +255,15 @@ class Profile:
             raise ValueError(f"{where}: format {doc['format']!r} is an older profile without "
                              f"the spilled_kv_bytes term; re-run `radixkv calibrate` "
                              f"(want {FORMAT!r})")
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, LINEAR_FORMAT):
             got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise ValueError(f"{where}: not a radixkv profile (format {got!r}, want {FORMAT!r})")
         try:
+            cor = doc["correction"] if doc["format"] == FORMAT else None
+            if cor is not None and (not isinstance(cor, dict) or cor.get("kind") != "grid-ratio"):
+                raise TypeError(f"correction must be null or of kind 'grid-ratio', got {cor!r}")
+            held = None if cor is None or cor.get("held_out") is None else \
+                Residuals(**cor["held_out"])
             margs = doc["model"]
             if "rope_scaling" in margs and margs["rope_scaling"] is not None:
                 margs = {**margs, "rope_scaling": tuple(margs["rope_scaling"])}
@@ -224,7 +276,8 @@ class Profile:
                        samples=tuple(Sample(tuple((int(p), int(n)) for p, n in s["segments"]),
                                             tuple(int(c) for c in s["contexts"]),
                                             float(s["seconds"]))
-                                     for s in doc.get("samples", ())))
+                                     for s in doc.get("samples", ())),
+                       corrected=cor is not None, held_out=held)
         except (KeyError, TypeError) as e:
             raise ValueError(f"{where}: malformed profile ({type(e).__name__}: {e})") from None
 
@@ -252,17 +305,27 @@ def load_profile(path: str | Path, model: str | None = None) -> Profile:
 class ProfiledCostModel:
     """CostModel's step-time interface priced from a Profile (one device, tp 1)."""
     profile: Profile
+    speed: float = 1.0           # every step takes this times the profile's time
     model_spec: ModelSpec = field(init=False)
     _coef: tuple[float, ...] = field(init=False, repr=False)
+    _ratio: RatioGrid | None = field(init=False, repr=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "model_spec", self.profile.model_spec)
-        object.__setattr__(self, "_coef", tuple(self.profile.coefficients[f] for f in FEATURES))
+        p = self.profile
+        if not (isinstance(self.speed, (int, float)) and math.isfinite(self.speed)
+                and self.speed > 0):
+            raise ValueError(f"a profile's speed factor must be a finite number > 0, got "
+                             f"{self.speed!r}")
+        object.__setattr__(self, "model_spec", p.model_spec)
+        object.__setattr__(self, "_coef", tuple(p.coefficients[f] for f in FEATURES))
+        object.__setattr__(self, "_ratio", _ratio_grid(
+            p.model_spec, p.samples, p.coefficients, p.spill_bytes) if p.corrected else None)
 
     @property
     def label(self) -> str:
         p = self.profile
-        return f"{p.model.name}@{p.device}:{p.device_name} (profile)"
+        at = "" if self.speed == 1.0 else f" x{self.speed:.3g}"
+        return f"{p.model.name}@{p.device}:{p.device_name} (profile{at})"
 
     @property
     def device_name(self) -> str:
@@ -278,7 +341,10 @@ class ProfiledCostModel:
         """Seconds of one engine step; 0.0 for an empty step."""
         f = step_features(self.model_spec, prefill_segments, decode_context_lens,
                           self.profile.spill_bytes)
-        return sum(c * x for c, x in zip(self._coef, f))
+        t = sum(c * x for c, x in zip(self._coef, f)) * self.speed
+        if self._ratio is None or not t:
+            return t
+        return t * self._ratio.factor(prefill_segments, decode_context_lens)
 
     def decode_step_time(self, batch: int, ctx_sum: int, ctx_max: int) -> float:
         """step_time((), contexts) from len, sum and max of the contexts, to the bit: each
@@ -289,7 +355,10 @@ class ProfiledCostModel:
         f = (1.0, float(batch), float(spec.flops_per_token * batch), float(a * (ctx_sum + batch)),
              float(a * batch * (ctx_max + 1)), float(k * ctx_sum), padded,
              padded if spills(spec, padded, self.profile.spill_bytes) else 0.0)
-        return sum(c * x for c, x in zip(self._coef, f))
+        t = sum(c * x for c, x in zip(self._coef, f)) * self.speed
+        if self._ratio is None or not t:
+            return t
+        return t * self._ratio.decode_factor(batch, ctx_sum)
 
     def prefill_time(self, segments: Sequence[tuple[int, int]]) -> float:
         return self.step_time(segments, ())

@@ -57,8 +57,8 @@ def test_first_divergence_of_long_runs(base, cut, tail):
 
 # ---- the pool's free paths -------------------------------------------------------------------
 class NaivePool:
-    """A stack of free pages: a freed batch goes on top, pages ascending (ps > 1) or in the
-    given order (ps = 1); every check before any change."""
+    """A stack of free pages: a freed batch goes on top so that it is popped in its own order,
+    pages ascending (ps > 1) or in the given order (ps = 1); every check before any change."""
 
     def __init__(self, n: int, ps: int):
         self.n, self.ps, self.free = n, ps, list(range(n // ps - 1, -1, -1))
@@ -81,7 +81,7 @@ class NaivePool:
         if len(pages) * self.ps != len(slots):
             raise ValueError("partial")
         self.used -= set(slots)
-        self.free += pages
+        self.free += pages[::-1]
 
 
 @SLOW

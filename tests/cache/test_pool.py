@@ -43,6 +43,20 @@ def test_free_returns_pages_and_they_are_reused():
     pool.check_conservation([])
 
 
+@pytest.mark.parametrize("how", ["free", "free_small", "release"])
+def test_regression_a_freed_run_comes_back_in_its_own_order(how):
+    """A run freed ascending is handed out ascending again (it used to come back reversed, and
+    a descending gather of the same slots cost the CPU executor up to twice as much)."""
+    pool = SlotPool(4096)
+    held = pool.alloc(200 if how != "free_small" else 40)
+    rest = pool.alloc(pool.available())
+    getattr(pool, "release" if how == "release" else "free")(held)
+    assert pool.alloc(len(held)).tolist() == held.tolist()
+    pool.free(rest[:100])
+    pool.free(rest[300:400])
+    assert pool.alloc(150).tolist() == rest[300:400].tolist() + rest[:50].tolist()
+
+
 def test_out_of_slots_message_and_nothing_changes():
     pool = SlotPool(8, page_size=4)
     held = pool.alloc(4)

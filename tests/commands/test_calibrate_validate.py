@@ -45,6 +45,9 @@ def test_cpu_grid_reaches_the_shapes_cpu_workloads_do():
     assert len(mixed) == (len(prefills) - len(mixed)) // 3 and all(s[0][1] <= 2048 for s in mixed)
     assert (6144,) * 32 in decodes and (2048,) * 64 in decodes and (4096,) * 64 not in decodes
     assert max(map(len, decodes)) == 64 and all(sum(c) <= 200_000 for c in decodes)
+    assert {len(c) for c in decodes} == {1, 2, 4, 12, 32, 64}
+    assert {c[0] for c in decodes if len(c) == 4 and len(set(c)) == 1} == \
+        {64, 256, 768, 1280, 2048, 4096, 6144}
     assert len(pts) == len(Grid().points()) and pool_slots(pts) == 32 * 6145
     assert g.as_dict()["repeat_budget_s"] == 0.5
 
@@ -54,7 +57,10 @@ def test_calibrate_writes_a_profile(profile):
     assert doc["model"]["name"] == "tiny-llama" and doc["device"] == "cpu"
     assert doc["dtype"] == "float32" and doc["backend"] == "sdpa"
     assert doc["machine"]["threads"] == 1 and doc["grid"]["repeats"] == 1
-    assert doc["format"] == "radixkv-profile/2" and "spilled_kv_bytes" in doc["coefficients"]
+    assert doc["format"] == "radixkv-profile/3" and "spilled_kv_bytes" in doc["coefficients"]
+    held = doc["correction"]["held_out"]
+    assert doc["correction"]["kind"] == "grid-ratio" and held["samples"] > 0
+    assert held["rms"] <= held["max_abs"] and doc["machine"]["affinity"]
     assert doc["spill_bytes"] is None or doc["spill_bytes"] > 0
     assert doc["residuals"]["samples"] + doc["residuals"]["outliers"] == len(doc["samples"])
     assert min(doc["coefficients"].values()) >= 0 and doc["coefficients"]["step"] > 0
@@ -73,6 +79,20 @@ def test_validate_reports_each_metric(profile, tmp_path):
     # the simulator with the profile: same command shape as any simulate run
     assert main(["simulate", "--profile", str(profile), "--users", "3", "--turns", "2",
                  "--vocab-size", "259"]) == 0
+
+
+def test_validate_speed_check_reports_the_drift_and_a_run_at_that_speed(profile, tmp_path):
+    out = tmp_path / "v.json"
+    assert main(["validate", "--model", "tiny-llama", "--profile", str(profile), "support",
+                 "--users", "3", "--turns", "2", "--speed-check", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    sp = doc["speed"]
+    assert sp["before"] > 0 and sp["after"] > 0
+    assert sp["simulated_at"] == pytest.approx((sp["before"] * sp["after"]) ** 0.5)
+    assert set(doc["metrics_at_speed"]) == set(doc["metrics"])
+    for k, m in doc["metrics_at_speed"].items():
+        assert m["real"] == doc["metrics"][k]["real"]       # one real run, two simulations
+        assert m["relative_error"] == pytest.approx(m["simulated"] / m["real"] - 1)
 
 
 @pytest.mark.parametrize("argv, needle", [

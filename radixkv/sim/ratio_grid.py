@@ -1,0 +1,117 @@
+"""What a profile's linear form misses, measured: its ratio to each timed step of the
+calibration grid, interpolated between the grid's points.
+
+The linear form (radixkv.sim.profile) prices a step from its work. On a CPU the same work
+costs more or less with where its bytes sit (a decode grid inside the L2 cache against one
+streaming from DRAM, a small prefill's mask and kernel path), so its error at the grid's
+points is systematic, not noise: +15 % on single decodes, -25 % on four 4k-context ones. The
+grid is two tables of uniform steps:
+
+  decode:  B requests at context c                 axes (log B, log(1 + c))
+  prefill: B segments of n new after p cached      axes (log(1 + n), log(1 + p), log B)
+
+and at each point the log ratio rho = log(measured / linear) is kept. A step is priced as
+linear(step) * exp(rho(z)), rho interpolated multilinearly at the step's coordinates z and
+held at the edge value beyond the grid. A decode-only step is looked up at (its decodes,
+their mean context), a step whose prefill segments are all alike at (their number, new and
+cached tokens); the decodes riding along, and how decode contexts spread around their mean,
+stay with the linear form. Prefill segments that differ are priced by the linear form alone:
+every way of looking such a batch up in the uniform table priced the grid's mixed batches
+worse than the linear form did (the segment of the longest context: 39 % rms, one +146 %;
+each segment's ratio weighted by its share of the work: 15 % rms; the linear form: 9 %),
+since a uniform batch of short segments after long prefixes gathers every sequence's long
+context while a mixed one pads most of its rows from one masked slot.
+A grid point without a sample (a step over the caps) takes its nearest measured neighbour's
+ratio, in grid steps (on a tie the first in grid order: the smaller batch at the same context). The grid's mixed batches (one long segment beside short ones, mixed decode contexts)
+are in no table: they are the held-out check of how well steps off the grid are priced.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+Step = tuple[Sequence[tuple[int, int]], Sequence[int]]      # (prefill segments, decode contexts)
+
+
+def decode_coords(batch: int, ctx: float) -> tuple[float, float]:
+    """A decode batch's coordinates: its size and its mean context."""
+    return (math.log(batch), math.log1p(ctx))
+
+
+def prefill_coords(segment: tuple[int, int], batch: int) -> tuple[float, float, float]:
+    """A prefill segment's coordinates in a batch of `batch` segments: new, cached, batch."""
+    p, n = segment
+    return (math.log1p(n), math.log1p(p), math.log(batch))
+
+
+class _Table:
+    """rho on the grid axes[0] x axes[1] x ... (log coordinates), missing points filled."""
+
+    def __init__(self, points: dict[tuple[float, ...], float]):
+        dims = len(next(iter(points)))
+        self.axes = [np.array(sorted({k[d] for k in points})) for d in range(dims)]
+        shape = tuple(len(a) for a in self.axes)
+        rho, have = np.zeros(shape), np.zeros(shape, dtype=bool)
+        for k, r in points.items():
+            idx = tuple(int(np.searchsorted(a, x)) for a, x in zip(self.axes, k))
+            rho[idx], have[idx] = r, True
+        got = np.argwhere(have)
+        for idx in np.argwhere(~have):              # nearest measured point, in grid steps
+            rho[tuple(idx)] = rho[tuple(got[np.argmin(((got - idx) ** 2).sum(1))])]
+        self.rho = rho
+
+    def __call__(self, z: Sequence[float]) -> float:
+        corners: list[tuple[tuple[int, int], float]] = []
+        for a, x in zip(self.axes, z):
+            if len(a) == 1 or x <= a[0]:
+                corners.append(((0, 0), 0.0))
+            elif x >= a[-1]:
+                corners.append(((len(a) - 1, len(a) - 1), 0.0))
+            else:
+                i = int(np.searchsorted(a, x, side="right")) - 1
+                corners.append(((i, i + 1), (x - a[i]) / (a[i + 1] - a[i])))
+        out = 0.0
+        for bits in range(1 << len(corners)):
+            w, idx = 1.0, []
+            for d, ((lo, hi), t) in enumerate(corners):
+                up = bits >> d & 1
+                w *= t if up else 1.0 - t
+                idx.append(hi if up else lo)
+            if w:
+                out += w * float(self.rho[tuple(idx)])
+        return out
+
+
+class RatioGrid:
+    """The measured ratio to the linear form on the calibration grid (module doc)."""
+
+    def __init__(self, steps: Sequence[Step], log_ratios: Sequence[float]):
+        dec: dict[tuple[float, ...], float] = {}
+        pre: dict[tuple[float, ...], float] = {}
+        for (segs, ctxs), r in zip(steps, log_ratios):
+            if not segs and len(set(ctxs)) == 1:
+                dec[decode_coords(len(ctxs), ctxs[0])] = float(r)
+            elif not ctxs and len(set(segs)) == 1:
+                pre[prefill_coords(segs[0], len(segs))] = float(r)
+        self.decode = _Table(dec) if dec else None
+        self.prefill = _Table(pre) if pre else None
+
+    @staticmethod
+    def on_grid(step: Step) -> bool:
+        """Whether a step is one of the tables' points: uniform, decode-only or prefill-only."""
+        segs, ctxs = step
+        return (not segs and len(set(ctxs)) == 1) or (not ctxs and len(set(segs)) == 1)
+
+    def factor(self, segments: Sequence[tuple[int, int]], contexts: Sequence[int]) -> float:
+        """What multiplies the linear price of the step (module doc)."""
+        if not segments:
+            return self.decode_factor(len(contexts), sum(contexts))
+        if self.prefill is None or len(set(segments)) > 1:
+            return 1.0
+        return math.exp(self.prefill(prefill_coords(segments[0], len(segments))))
+
+    def decode_factor(self, batch: int, ctx_sum: int) -> float:
+        """factor() of `batch` decodes whose contexts sum to ctx_sum."""
+        return math.exp(self.decode(decode_coords(batch, ctx_sum / batch))) if self.decode else 1.0
