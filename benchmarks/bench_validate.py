@@ -13,6 +13,7 @@ Each validate runs with --speed-check: the table has the errors of the simulatio
 profiled and at the speed the machine ran the profile's grid steps around the real run.
 
     .venv/bin/python benchmarks/bench_validate.py [--profile P] [--cpu 1] [--repeats 1]
+        [--calibrate-each]
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="a tiny-llama CPU profile (default: calibrate)")
     ap.add_argument("--cpu", type=int, help="pin to this CPU (default: not pinned)")
     ap.add_argument("--repeats", type=int, default=1, help="validate runs per workload")
+    ap.add_argument("--calibrate-each", action="store_true",
+                    help="a fresh profile right before each workload's validate (a machine "
+                         "whose speed drifts over minutes)")
     ap.add_argument("--trace-limit", type=int, default=150)
     ap.add_argument("--trace-scale", type=int, default=32)
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS) + ["mooncake"])
@@ -61,11 +65,16 @@ def main() -> None:
         os.sched_setaffinity(0, {args.cpu})          # inherited by every command below
     tmp = Path(tempfile.mkdtemp(prefix="bench_validate_"))
     prof = args.profile
-    if prof is None:
-        prof = tmp / "profile.json"
-        radixkv("calibrate", "--model", "tiny-llama", "--device", "cpu", "--out", str(prof))
-    held = json.loads(prof.read_text()).get("correction") or {}
-    print(f"profile {prof}; held-out mixed batches: {held.get('held_out')}")
+
+    def calibrate(name: str) -> Path:
+        out = tmp / f"profile_{name}.json"
+        radixkv("calibrate", "--model", "tiny-llama", "--device", "cpu", "--out", str(out))
+        held = json.loads(out.read_text()).get("correction") or {}
+        print(f"profile {out}; held-out mixed batches: {held.get('held_out')}", flush=True)
+        return out
+
+    if prof is None and not args.calibrate_each:
+        prof = calibrate("all")
     rows = []
     for w in args.workloads:
         target, extra = w, []
@@ -77,6 +86,8 @@ def main() -> None:
             scaled_trace(MOONCAKE, Path(target), args.trace_limit, args.trace_scale)
             extra = ["--trace-block-size", str(512 // args.trace_scale), "--vocab-size", "259"]
         for r in range(args.repeats):
+            if args.calibrate_each:
+                prof = calibrate(f"{w}_{r}")
             out = tmp / f"{w}_{r}.json"
             radixkv("validate", "--model", "tiny-llama", "--profile", str(prof), target, *extra,
                     "--speed-check", "--json", str(out))
