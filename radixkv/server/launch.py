@@ -48,6 +48,7 @@ class _Server(uvicorn.Server):
                  exit_when: threading.Event | None = None, freeze_heap: bool = False):
         super().__init__(config)
         self.drain, self.exit_when, self.freeze_heap = drain, exit_when, freeze_heap
+        self.ready = False       # startup done: listening, backend warm, heap frozen if asked
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -57,6 +58,7 @@ class _Server(uvicorn.Server):
             pass
         if self.freeze_heap and self.started:
             freeze_startup_heap()
+        self.ready = self.started
 
     async def on_tick(self, counter: int) -> bool:
         if self.exit_when is not None and self.exit_when.is_set():
@@ -145,7 +147,7 @@ class ServerThread:
     def __enter__(self) -> str:
         self._thread.start()
         deadline = time.monotonic() + self._timeout
-        while not self.server.started:
+        while not self.server.ready:          # listening, and warmed up
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the server at {self.url} did not start")
