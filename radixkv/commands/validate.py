@@ -86,16 +86,19 @@ def run(args: argparse.Namespace) -> int:
     ex = target.executor(cfg.kv_capacity, seed=rc.seed, attention=prof.backend,
                                    host_slots=cfg.cache.host_kv_tokens)
     con = console()
-    speeds = []
-    if args.speed_check:
-        with con.status("speed check: re-timing the profile's grid steps"):
-            speeds.append(speed_check(ex, prof))
+    speeds: list[float] = []
+
+    def check_speed() -> None:
+        if args.speed_check:
+            with con.status("speed check: re-timing the profile's grid steps"):
+                speeds.append(speed_check(ex, prof))
+
+    check_speed()
     with con.status(f"real run: {ex.name}, {len(wl)} requests"):
         real, real_busy = run_real(wl, cfg, ex)
-    if args.speed_check:
-        with con.status("speed check: re-timing the profile's grid steps"):
-            speeds.append(speed_check(ex, prof))
-    sim, sim_busy = run_simulated(wl, cfg, prof.cost_model())
+    check_speed()
+    cost = prof.cost_model()
+    sim, sim_busy = run_simulated(wl, cfg, cost)
     fid = compare_reports(real, real_busy, sim, sim_busy)
     speed = math.sqrt(speeds[0] * speeds[1]) if speeds else None
     at = None if speed is None else compare_reports(
@@ -127,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         doc = metadata(workload_info(wl, args.workload), model=margs.name,
                        gpu=f"{prof.device}:{prof.device_name}", max_total_tokens=cfg.kv_capacity,
                        results=[{"metric": r.metric, **r.as_dict()} for r in fid.rows],
-                       timing=prof.cost_model().timing)
+                       timing=cost.timing)
         doc["metrics"] = {r.metric: r.as_dict() for r in fid.rows}
         if at is not None:
             doc["speed"] = {"before": speeds[0], "after": speeds[1], "simulated_at": speed}

@@ -18,12 +18,12 @@ steps measured on the GPU, so the host overhead defaults to 0.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from radixkv.sim.costmodel import _check_contexts, _check_segments
+from radixkv.sim.ratio_grid import axis_cell
 from radixkv.sim.specs import GPUSpec, ModelSpec, kv_capacity_tokens
 from radixkv.sim.tables import (CTX_NEW, CTX_PREFIX, DEC_BATCH, DEC_CTX, TOKENS, TimingTable)
 from radixkv.validate import finite_at_least
@@ -37,12 +37,6 @@ def _logs(values: Sequence[float]) -> tuple[float, ...]:
     return tuple(math.log(max(v, 1e-6)) for v in values)
 
 
-def _cell(axis: tuple[float, ...], u: float) -> tuple[int, float]:
-    """The segment [i, i+1] of the axis holding u (the end ones beyond it) and u's weight."""
-    i = min(max(bisect_right(axis, u) - 1, 0), len(axis) - 2)
-    return i, (u - axis[i]) / (axis[i + 1] - axis[i])
-
-
 @dataclass(frozen=True)
 class _Curve:
     axis: tuple[float, ...]
@@ -50,7 +44,7 @@ class _Curve:
     shift: int
 
     def __call__(self, x: float) -> float:
-        i, w = _cell(self.axis, math.log(x + self.shift))
+        i, w = axis_cell(self.axis, math.log(x + self.shift))
         return math.exp(self.logs[i] + w * (self.logs[i + 1] - self.logs[i]))
 
 
@@ -63,8 +57,8 @@ class _Surface:
     col_shift: int
 
     def __call__(self, x: float, y: float) -> float:
-        i, wx = _cell(self.rows, math.log(x + self.row_shift))
-        j, wy = _cell(self.cols, math.log(y + self.col_shift))
+        i, wx = axis_cell(self.rows, math.log(x + self.row_shift))
+        j, wy = axis_cell(self.cols, math.log(y + self.col_shift))
         a, b = self.logs[i], self.logs[i + 1]
         lo = a[j] + wy * (a[j + 1] - a[j])
         hi = b[j] + wy * (b[j + 1] - b[j])

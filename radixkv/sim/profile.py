@@ -47,7 +47,7 @@ from radixkv.sim.specs import ModelSpec
 FEATURES = ("step", "segment", "linear_flops", "attn_flops", "padded_attn_flops",
             "kv_read_bytes", "padded_kv_bytes", "spilled_kv_bytes")
 FORMAT = "radixkv-profile/3"
-LINEAR_FORMAT = "radixkv-profile/2"        # still read: the linear form alone, no smoothing
+LINEAR_FORMAT = "radixkv-profile/2"        # still read: the linear form alone, no grid ratio
 OLD_FORMATS = ("radixkv-profile/1",)
 OUTLIER_FLOOR = 0.25
 
@@ -142,13 +142,20 @@ def fit(spec: ModelSpec, samples: Sequence[Sample],
                       float(np.median(kept)), int(keep.sum()), int((~keep).sum())))
 
 
+def _linear(spec: ModelSpec, samples: Sequence[Sample], coef: dict[str, float],
+            spill_bytes: float | None) -> np.ndarray:
+    """The linear form's price of each sample [n]."""
+    if not samples:
+        return np.zeros(0)
+    x = np.array([step_features(spec, s.segments, s.contexts, spill_bytes) for s in samples])
+    return x @ np.array([coef[f] for f in FEATURES])
+
+
 def _ratio_grid(spec: ModelSpec, samples: Sequence[Sample], coef: dict[str, float],
                 spill_bytes: float | None) -> RatioGrid:
     """The measured ratio to the linear form at the samples that are grid points."""
-    c = np.array([coef[f] for f in FEATURES])
     on = [s for s in samples if RatioGrid.on_grid((s.segments, s.contexts))]
-    lin = np.array([step_features(spec, s.segments, s.contexts, spill_bytes) for s in on]) @ c \
-        if on else np.zeros(0)
+    lin = _linear(spec, on, coef, spill_bytes)
     keep = lin > 0
     return RatioGrid([(s.segments, s.contexts) for s, k in zip(on, keep) if k],
                      np.log(np.array([s.seconds for s in on])[keep] / lin[keep]))
@@ -162,15 +169,11 @@ def held_out(spec: ModelSpec, samples: Sequence[Sample], coef: dict[str, float],
     off = [s for s in samples if not RatioGrid.on_grid((s.segments, s.contexts))]
     if not off:
         return None
-    grid = _ratio_grid(spec, samples, coef, spill_bytes) if corrected else None
-    c = np.array([coef[f] for f in FEATURES])
-    rel = []
-    for s in off:
-        t = float(np.array(step_features(spec, s.segments, s.contexts, spill_bytes)) @ c)
-        if grid is not None:
-            t *= grid.factor(s.segments, s.contexts)
-        rel.append(abs(t / s.seconds - 1))
-    a = np.array(rel)
+    t = _linear(spec, off, coef, spill_bytes)
+    if corrected:
+        grid = _ratio_grid(spec, samples, coef, spill_bytes)
+        t = t * np.array([grid.factor(s.segments, s.contexts) for s in off])
+    a = np.abs(t / np.array([s.seconds for s in off]) - 1)
     return Residuals(float(np.sqrt(np.mean(a ** 2))), float(a.max()), float(np.median(a)), len(a))
 
 
@@ -188,9 +191,7 @@ def fit_spill(spec: ModelSpec, samples: Sequence[Sample]
     best = None
     for cand in cands:
         coef, res = fit(spec, samples, cand)
-        c = np.array([coef[f] for f in FEATURES])
-        x = np.array([step_features(spec, s.segments, s.contexts, cand) for s in samples])
-        err = float(np.sqrt(np.mean((x @ c / t - 1) ** 2)))
+        err = float(np.sqrt(np.mean((_linear(spec, samples, coef, cand) / t - 1) ** 2)))
         if best is None or err < best[0] - 1e-12:
             best = (err, coef, res, cand)
     return best[1], best[2], best[3]

@@ -22,17 +22,28 @@ each segment's ratio weighted by its share of the work: 15 % rms; the linear for
 since a uniform batch of short segments after long prefixes gathers every sequence's long
 context while a mixed one pads most of its rows from one masked slot.
 A grid point without a sample (a step over the caps) takes its nearest measured neighbour's
-ratio, in grid steps (on a tie the first in grid order: the smaller batch at the same context). The grid's mixed batches (one long segment beside short ones, mixed decode contexts)
-are in no table: they are the held-out check of how well steps off the grid are priced.
+ratio, in grid steps (on a tie the first in grid order: the smaller batch at the same
+context). The grid's mixed batches (one long segment beside short ones, mixed decode
+contexts) are in no table: they are the held-out check of how well steps off the grid are
+priced.
 """
 from __future__ import annotations
 
+import itertools
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 
 import numpy as np
 
 Step = tuple[Sequence[tuple[int, int]], Sequence[int]]      # (prefill segments, decode contexts)
+
+
+def axis_cell(axis: Sequence[float], u: float) -> tuple[int, float]:
+    """The segment [i, i+1] of the axis holding u (the end ones beyond it) and u's weight
+    (outside [0, 1] beyond the axis): also radixkv.sim.measured's table lookup."""
+    i = min(max(bisect_right(axis, u) - 1, 0), len(axis) - 2)
+    return i, (u - axis[i]) / (axis[i + 1] - axis[i])
 
 
 def decode_coords(batch: int, ctx: float) -> tuple[float, float]:
@@ -51,7 +62,7 @@ class _Table:
 
     def __init__(self, points: dict[tuple[float, ...], float]):
         dims = len(next(iter(points)))
-        self.axes = [np.array(sorted({k[d] for k in points})) for d in range(dims)]
+        self.axes = [tuple(sorted({k[d] for k in points})) for d in range(dims)]
         shape = tuple(len(a) for a in self.axes)
         rho, have = np.zeros(shape), np.zeros(shape, dtype=bool)
         for k, r in points.items():
@@ -63,24 +74,18 @@ class _Table:
         self.rho = rho
 
     def __call__(self, z: Sequence[float]) -> float:
-        corners: list[tuple[tuple[int, int], float]] = []
+        cells = []                                  # (lower index, weight of the upper one)
         for a, x in zip(self.axes, z):
-            if len(a) == 1 or x <= a[0]:
-                corners.append(((0, 0), 0.0))
-            elif x >= a[-1]:
-                corners.append(((len(a) - 1, len(a) - 1), 0.0))
+            if len(a) == 1:
+                cells.append((0, 0.0))
             else:
-                i = int(np.searchsorted(a, x, side="right")) - 1
-                corners.append(((i, i + 1), (x - a[i]) / (a[i + 1] - a[i])))
+                i, w = axis_cell(a, x)
+                cells.append((i, min(max(w, 0.0), 1.0)))     # held at the edges
         out = 0.0
-        for bits in range(1 << len(corners)):
-            w, idx = 1.0, []
-            for d, ((lo, hi), t) in enumerate(corners):
-                up = bits >> d & 1
-                w *= t if up else 1.0 - t
-                idx.append(hi if up else lo)
+        for ups in itertools.product((0, 1), repeat=len(cells)):
+            w = math.prod(t if up else 1.0 - t for (_, t), up in zip(cells, ups))
             if w:
-                out += w * float(self.rho[tuple(idx)])
+                out += w * float(self.rho[tuple(i + up for (i, _), up in zip(cells, ups))])
         return out
 
 
