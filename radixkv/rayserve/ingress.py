@@ -156,6 +156,33 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def init_ray(verbose: bool = False) -> None:
+    """A local Ray cluster on 127.0.0.1, its logging quiet unless `verbose`."""
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"          # the workers inherit it
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")   # no GPU is asked for
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+             _node_ip_address="127.0.0.1", namespace=HUB_NAMESPACE, log_to_driver=verbose,
+             logging_level=logging.INFO if verbose else logging.ERROR)
+    logging.getLogger("ray.serve").setLevel(logging.INFO if verbose else logging.ERROR)
+
+
+def start_proxy(host: str, port: int, tries: int = 3) -> int:
+    """serve.start with its proxy on host:port; returns the port. Port 0: a free one, chosen
+    again (up to `tries` times) when another process binds it first: it is free when chosen but
+    bound only later, by the proxy actor, while Ray's own processes take ports of their own."""
+    attempt = 1
+    while True:
+        chosen = port or free_port(host)
+        try:
+            serve.start(http_options={"host": host, "port": chosen}, logging_config=QUIET)
+            return chosen
+        except RayError as e:
+            if port or attempt >= tries or "Failed to bind" not in str(e):
+                raise
+        attempt += 1
+        serve.shutdown()                  # else the next start keeps the first's http options
+
+
 def check_options(opts: ServeOptions, replicas: int) -> None:
     """Refuses, naming the value, what N replicas on one machine cannot do."""
     positive_int(replicas, "--replicas")
@@ -184,17 +211,11 @@ def ray_serve(opts: ServeOptions, cfg: EngineConfig, replicas: int, router_confi
         opts = dataclasses.replace(opts, kv_events=KVEventsConfig(enable_kv_cache_events=True))
     if port:
         bind(host, port).close()                 # a busy port fails here, naming it
-    port = port or free_port(host)
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"          # the workers inherit it
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")   # no GPU is asked for
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
-             _node_ip_address="127.0.0.1", namespace=HUB_NAMESPACE, log_to_driver=verbose,
-             logging_level=logging.INFO if verbose else logging.ERROR)
-    logging.getLogger("ray.serve").setLevel(logging.INFO if verbose else logging.ERROR)
+    init_ray(verbose)
     try:
         hub = EventHub.options(name=HUB, namespace=HUB_NAMESPACE).remote()    # kept: it lives
         ray.get(hub.replicas.remote())                                        # while held
-        serve.start(http_options={"host": host, "port": port}, logging_config=QUIET)
+        port = start_proxy(host, port)
         engine = serve.deployment(EngineReplica, name=ENGINE, num_replicas=replicas,
                                   max_ongoing_requests=1024, request_router_config=router_config,
                                   ray_actor_options={"num_cpus": 0}, **_graceful(DRAIN_S))

@@ -78,3 +78,34 @@ def test_bad_settings_are_refused_by_name(bad, message):
     with pytest.raises(ValueError, match=message):
         check_options(opts, bad.get("replicas", 2))
         router_config(bad.get("router", "radixkv"), 2, opts, CFG, HUB)
+
+
+def test_regression_a_free_port_taken_before_the_proxy_binds_it_is_chosen_again(monkeypatch):
+    """The proxy's port is free when chosen and bound later by its actor: a process that binds
+    it first made serve.start fail ("Failed to bind"). A chosen port is now chosen again; a
+    port the caller named still fails, naming it."""
+    import ray
+    from ray import serve
+    from ray.exceptions import RayError
+
+    from radixkv.rayserve import ingress
+    from radixkv.server.launch import bind
+
+    taken = bind("127.0.0.1", 0)
+    busy = taken.getsockname()[1]
+    offered = iter([busy])
+    real = ingress.free_port
+    monkeypatch.setattr(ingress, "free_port", lambda host: next(offered, None) or real(host))
+    ingress.init_ray()
+    try:
+        with pytest.raises(RayError, match=f"Failed to bind to address '127.0.0.1:{busy}'"):
+            ingress.start_proxy("127.0.0.1", busy)
+        serve.shutdown()
+        port = ingress.start_proxy("127.0.0.1", 0)
+        assert port != busy and next(offered, None) is None     # the busy one was offered
+        r = httpx.get(f"http://127.0.0.1:{port}/-/healthz", timeout=30)   # Serve's proxy,
+        assert (r.status_code, r.text) == (503, "Route table is not populated yet.")  # no app
+    finally:
+        taken.close()
+        serve.shutdown()
+        ray.shutdown()
