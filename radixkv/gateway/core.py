@@ -141,7 +141,7 @@ class Routing:
             self.inflight.sent(i, info)
             feed = self.feeds[i]
             if isinstance(feed, SentFeed):
-                feed.sent(info.tokens, self.router.page_hashes(info))
+                feed.sent(info.tokens, self.router.page_hashes(info).all())
 
     def first_output(self, rid: str, now: float | None = None) -> None:
         """`rid`'s first token came back (at `now`, time.monotonic(): its TTFT is measured from

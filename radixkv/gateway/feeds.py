@@ -112,7 +112,7 @@ class SentFeed:
 
     def sent(self, tokens, hashes: list[int]) -> None:
         """A prompt of `tokens` went to the worker; `hashes`: its whole pages' chained hashes
-        (as the router computed them: kvevents.wire.page_hashes)."""
+        (as the router computed them: kvevents.hashes.page_hashes)."""
         self.expire()
         expiry = self._expiry
         new = [h for h in hashes if h not in expiry]

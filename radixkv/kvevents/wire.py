@@ -9,8 +9,8 @@ A batch is positional in both: `[ts, [event, ...], data_parallel_rank]`. The eve
   `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]`,
   `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`.
 The structs below are the events as radixkv holds them (their own layout is the array one);
-`decode_batch` reads either encoding. `to_wire` turns a cache's per-page `KVEvent`s into these;
-`page_hashes` computes the hashes a router computes for a prompt.
+`decode_batch` reads either encoding. `to_wire` turns a cache's per-page `KVEvent`s into these
+(kvevents/hashes.py computes the hashes a router computes for a prompt).
 Messages are `[topic, 8-byte big-endian seq, payload]` (kvevents/publisher.py sends them,
 kvevents/index.py reads them).
 """
@@ -21,9 +21,7 @@ from typing import Any
 
 import msgspec
 
-from radixkv.cache.events import KVEvent, chain_hashes, chain_run, check_hash_algo
-from radixkv.cache.key import RadixKey
-from radixkv.cache.sim_hash import SIM_HASH
+from radixkv.cache.events import KVEvent
 from radixkv.validate import positive_int
 
 MEDIUM_GPU = "GPU"
@@ -174,52 +172,3 @@ def decode_batch(payload: bytes) -> KVEventBatch:
         return _decoder.decode(payload)
     except msgspec.DecodeError as e:
         raise ValueError(f"malformed KV event batch ({len(payload)} bytes): {e}") from None
-
-
-def page_hashes(tokens, namespace: tuple, page_size: int, algo: str = "sha256", *,
-                salt_first_only: bool = False, memo: bool = True) -> list[int]:
-    """The chained hashes of the whole pages of `tokens` (ids, or a RadixKey already packed)
-    under `namespace` (extra_key, cache_salt): what a cache emits when it stores them. RadixCache mixes the whole namespace
-    into every page; BlockHashCache, as vLLM, mixes cache_salt into the first page only
-    (salt_first_only=True). Without a salt both agree. Whole aligned spans of pages are
-    remembered either way; `memo` False skips the per-page memo (cache/events.py), which only
-    pays where the caches that fill it run in this process: a page missing from it costs twice
-    as much to hash through it."""
-    if not isinstance(namespace, tuple) or len(namespace) != 2:
-        raise ValueError(f"namespace must be a tuple (extra_key, cache_salt), got {namespace!r}")
-    key = tokens if isinstance(tokens, RadixKey) and tokens.namespace == namespace else \
-        RadixKey(tokens, extra_key=namespace[0], cache_salt=namespace[1])
-    page_size, algo = positive_int(page_size, "page_size"), check_hash_algo(algo)
-    inner = (key.namespace[0], None) if salt_first_only else key.namespace
-    if algo == SIM_HASH:                      # a whole prompt in one vectorised run
-        return chain_run(None, inner, key.buf, page_size, algo, first=key.namespace)
-    out: list[int] = []
-    parent, n, i = None, len(key) // page_size, 0
-    while i + _SPAN <= n:                     # whole spans: one lookup each when seen before
-        k = (parent, key.namespace, inner, i == 0, key.page(i // _SPAN, page_size * _SPAN),
-             page_size, algo)
-        span = _SPAN_MEMO.get(k)
-        if span is None:
-            span = _chain(parent, key, inner, i, i + _SPAN, page_size, algo, memo)
-            if len(_SPAN_MEMO) >= _SPAN_MEMO_MAX:
-                _SPAN_MEMO.clear()
-            _SPAN_MEMO[k] = span
-        out.extend(span)
-        parent, i = span[-1], i + _SPAN
-    out.extend(_chain(parent, key, inner, i, n, page_size, algo, memo))
-    return out
-
-
-def _chain(parent: int | None, key: RadixKey, inner: tuple, start: int, stop: int,
-           page_size: int, algo: str, memo: bool = True) -> tuple[int, ...]:
-    """The hashes of pages [start, stop) of `key`, chained from `parent` (the first page of
-    the key mixes in its whole namespace, the others `inner`)."""
-    return tuple(chain_hashes(parent, inner, key.pages(start, stop, page_size), algo,
-                              first=key.namespace if start == 0 else None, memo=memo))
-
-
-# whole aligned spans of _SPAN pages already hashed (each page is also in the cache layer's
-# memo, radixkv.cache.events): a long shared prefix costs a lookup per span, not per page
-_SPAN = 64
-_SPAN_MEMO: dict[tuple, tuple[int, ...]] = {}
-_SPAN_MEMO_MAX = 1 << 14

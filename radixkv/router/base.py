@@ -27,7 +27,8 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 
 from radixkv.cache.events import EventRun, KVEvent, check_hash_algo
 from radixkv.cache.key import RadixKey
-from radixkv.kvevents.wire import EventBatch, page_hashes
+from radixkv.kvevents.hashes import PageHashes
+from radixkv.kvevents.wire import EventBatch
 from radixkv.registry import Registry
 from radixkv.validate import finite_time, int_at_least, positive_int
 
@@ -144,7 +145,7 @@ class Router(ABC):
             raise ValueError(f"router {self.name!r} takes {self.Options.__name__}, got "
                              f"{type(options).__name__}")
         self.options = options
-        self._hashed: tuple[RequestInfo, list[int]] | None = None    # the last request hashed
+        self._hashed: tuple[RequestInfo, PageHashes] | None = None    # the last request hashed
 
     @classmethod
     def default_options(cls) -> Any:
@@ -198,15 +199,16 @@ class Router(ABC):
             raise ValueError(f"replica must be an int in [0, {self.n}), got {replica!r}")
         return replica
 
-    def page_hashes(self, request: RequestInfo) -> list[int]:
-        """The chained hashes of the request's whole prompt pages, as the replicas emit them;
-        the same request asked again (route, then on_route, then its caller) is not rehashed."""
+    def page_hashes(self, request: RequestInfo) -> PageHashes:
+        """The chained hashes of the request's whole prompt pages, as the replicas emit them,
+        hashed as far as they are read (kvevents/hashes.py); the same request asked again
+        (route, then on_route, then its caller) is not rehashed."""
         last = self._hashed
         if last is not None and last[0] is request:
             return last[1]
         c = self.context
-        hashes = page_hashes(request.tokens if request.key is None else request.key,
-                             request.namespace, c.page_size, c.hash_algo, memo=c.hash_memo)
+        hashes = PageHashes(request.tokens if request.key is None else request.key,
+                            request.namespace, c.page_size, c.hash_algo, memo=c.hash_memo)
         self._hashed = (request, hashes)
         return hashes
 

@@ -43,14 +43,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import compress, count, repeat
-from operator import not_, or_
+from itertools import compress, count
+from operator import not_
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
+from radixkv.kvevents.hashes import PageHashes
 from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, RouterContext
+from radixkv.router.flying import FlyingPages
 from radixkv.router.llmd import EventRouter
 from radixkv.router.ttft_fit import TTFTFit
 from radixkv.validate import finite_at_least, positive_number
@@ -76,7 +78,6 @@ class RadixKVOptions:
 
 class Flight(NamedTuple):
     replica: int
-    hashes: list[int]
     new_tokens: int              # predicted prefill work when routed
     budget: int = 0              # its output budget
     features: np.ndarray | None = None     # with `fit`: what the prediction saw, and said
@@ -100,7 +101,7 @@ class RadixKVRouter(EventRouter):
         if context.cost is None:
             raise ValueError("router 'radixkv' needs a cost model (RouterContext.cost)")
         self.cost = context.cost
-        self.inflight: list[dict[int, int]] = [{} for _ in range(self.n)]  # hash -> requests
+        self.inflight = [FlyingPages() for _ in range(self.n)]   # pages routed, not finished
         self.pending = [0] * self.n          # new tokens routed, first token not back yet
         self._flights: dict[str, Flight] = {}
         self._prefilling: set[str] = set()
@@ -133,23 +134,21 @@ class RadixKVRouter(EventRouter):
             self._prefill_s[(prefix, new)] = t
         return t
 
-    def held_pages(self, replica: int, hashes: Sequence[int]) -> int:
+    def held_pages(self, replica: int, hashes: PageHashes) -> int:
         """Leading pages of `hashes` the replica holds or will hold (in flight)."""
         held, flying = self.index.indexes[replica].held_map, self.inflight[replica]
         n = len(hashes)
         i = next(compress(count(), map(not_, map(held.__contains__, hashes))), n)
         if i == n or not flying:
             return i                              # the first page neither held nor in flight
-        rest = hashes[i:]
-        known = map(or_, map(held.__contains__, rest), map(flying.__contains__, rest))
-        return next(compress(count(i), map(not_, known)), n)
+        return flying.run(held, hashes, i)
 
-    def hit_tokens(self, replica: int, hashes: Sequence[int], prompt_len: int) -> int:
+    def hit_tokens(self, replica: int, hashes: PageHashes, prompt_len: int) -> int:
         """Prompt tokens the replica holds or will hold; a match never covers the last one."""
         ps = self.context.page_size
         return min(self.held_pages(replica, hashes) * ps, (prompt_len - 1) // ps * ps)
 
-    def predict(self, request: RequestInfo, hashes: Sequence[int]) -> list[Prediction]:
+    def predict(self, request: RequestInfo, hashes: PageHashes) -> list[Prediction]:
         n = request.prompt_len
         out = []
         for r in range(self.n):
@@ -186,7 +185,7 @@ class RadixKVRouter(EventRouter):
     def features(self, r: int, request: RequestInfo, p: Prediction, view: ReplicaView
                  ) -> np.ndarray:
         """What the fitted TTFT of `request` on replica r is regressed on (ttft_fit.FEATURES)."""
-        locked = len(self.inflight[r]) * self.context.page_size + self.budget[r]
+        locked = self.inflight[r].distinct() * self.context.page_size + self.budget[r]
         need = request.prompt_len - p.hit_tokens + request.max_new_tokens
         over = max(0, locked + need - view.kv_capacity) / 1000 if view.kv_capacity else 0.0
         new = (request.prompt_len - p.hit_tokens) / 1000
@@ -236,11 +235,10 @@ class RadixKVRouter(EventRouter):
         fresh = last is not None and last[0] == request.rid
         hashes = self.page_hashes(request)            # hashed once, by route
         hit = self.hit_tokens(replica, hashes, request.prompt_len)
-        flying = self.inflight[replica]             # a prompt's page hashes are distinct
-        flying.update(zip(hashes, map((1).__add__, map(flying.get, hashes, repeat(0)))))
+        self.inflight[replica].add(request.rid, hashes)
         new = request.prompt_len - hit
         x, said = last[1][replica] if fresh and last[1] else (None, 0.0)
-        self._flights[request.rid] = Flight(replica, hashes, new, request.max_new_tokens, x, said)
+        self._flights[request.rid] = Flight(replica, new, request.max_new_tokens, x, said)
         self._prefilling.add(request.rid)
         self.pending[replica] += new
         self.stored[replica] += new
@@ -273,10 +271,7 @@ class RadixKVRouter(EventRouter):
             return
         self.flying[f.replica] -= 1
         self.budget[f.replica] -= f.budget
-        flying, hashes = self.inflight[f.replica], f.hashes   # a prompt's pages are distinct
-        left = list(map((-1).__add__, map(flying.pop, hashes, repeat(1))))
-        if left.count(0) != len(left):                      # pages other requests still fly
-            flying.update(compress(zip(hashes, left), left))
+        self.inflight[f.replica].remove(request.rid)
 
 
 @ROUTERS.register("radixkv-fit")

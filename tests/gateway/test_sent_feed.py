@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from radixkv.gateway.feeds import SentFeed
 from radixkv.kvevents.index import KVIndex
-from radixkv.kvevents.wire import BlockRemoved, BlockStored, page_hashes
+from radixkv.kvevents.hashes import page_hashes
+from radixkv.kvevents.wire import BlockRemoved, BlockStored
 
 PAGE, TTL, NS = 2, 10.0, (None, None)
 # prompts that share prefixes: a system prompt, two users on it, one turn on from the first

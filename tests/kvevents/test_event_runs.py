@@ -16,7 +16,7 @@ from radixkv.cache.key import RadixKey, pack_tokens
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
 from radixkv.kvevents.index import KVIndex
-from radixkv.kvevents.wire import page_hashes
+from radixkv.kvevents.hashes import page_hashes
 
 NS = (None, None)
 

@@ -12,9 +12,10 @@ from radixkv.cache.events import KVEvent, chain_hash
 from radixkv.cache.nocache import NoCache
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
+from radixkv.kvevents.hashes import page_hashes
 from radixkv.kvevents.index import KVIndex
 from radixkv.kvevents.wire import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch,
-                                   decode_batch, encode_batch, page_hashes, to_wire)
+                                   decode_batch, encode_batch, to_wire)
 
 from tests.cache._helpers import key, toks
 

@@ -118,7 +118,7 @@ def test_the_router_fits_on_the_features_it_routed_on_and_ignores_late_reports()
     r.on_ttft(i, a, 9.0)                      # reported twice: counted once
     assert r.fit.seen == 1 and r.ahead[i] == 0 and r.flying[i] == 1
     r.on_finish(i, a)
-    assert r.flying == [0, 0] and r.budget == [0, 0] and r.inflight[i] == {}
+    assert r.flying == [0, 0] and r.budget == [0, 0] and r.inflight[i].count == {}
 
 
 def test_a_new_prefix_spreads_by_load_with_the_fit_and_follows_a_held_one():

@@ -17,7 +17,8 @@ from radixkv.cache.manager import CacheManager
 from radixkv.cache.pool import SlotPool
 from radixkv.config import CacheConfig
 from radixkv.kvevents.index import KVIndex
-from radixkv.kvevents.wire import encode_batch, page_hashes, to_wire
+from radixkv.kvevents.hashes import page_hashes
+from radixkv.kvevents.wire import encode_batch, to_wire
 from radixkv.kvevents.publisher import (KVEventsConfig, NullPublisher, ZmqEventPublisher,
                                    make_publisher, offset_port)
 

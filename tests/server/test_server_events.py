@@ -10,7 +10,7 @@ import pytest
 
 from radixkv.config import CacheConfig
 from radixkv.kvevents.index import KVIndex
-from radixkv.kvevents.wire import page_hashes
+from radixkv.kvevents.hashes import page_hashes
 from radixkv.kvevents.publisher import KVEventsConfig
 from tests.server._helpers import client, on_engine, running_server, wait_idle
 

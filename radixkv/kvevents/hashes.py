@@ -1,0 +1,127 @@
+"""A prompt's page hashes as a router computes them: the chained hashes a cache emits in its KV
+events when it stores the prompt's whole pages (`page_hashes`), or the same computed only as
+far as they are read (`PageHashes`).
+
+A router matching a prompt against what each replica holds stops at the first page no replica
+holds; the pages after it are new everywhere, and hashing them (a SHA-256 a page, ~0.7 µs at
+one token a page) is most of a fresh prompt's routing cost. `PageHashes` hashes span by span
+(_SPAN pages) as it is iterated or indexed: a fresh 4,000-token prompt at one token a page costs
+one span, not 4,000 pages, until something reads further. Whole aligned spans already hashed
+are remembered in both forms: a long shared prefix costs a lookup a span.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import chain
+
+from radixkv.cache.events import chain_hashes, chain_run, check_hash_algo
+from radixkv.cache.key import RadixKey
+from radixkv.cache.sim_hash import SIM_HASH
+from radixkv.validate import positive_int
+
+# whole aligned spans of _SPAN pages already hashed (each page is also in the cache layer's
+# memo, radixkv.cache.events): a long shared prefix costs a lookup per span, not per page
+_SPAN = 64
+_SPAN_MEMO: dict[tuple, tuple[int, ...]] = {}
+_SPAN_MEMO_MAX = 1 << 14
+
+
+class PageHashes(Sequence[int]):
+    """The chained hashes of the whole pages of `tokens` (ids, or a RadixKey already packed)
+    under `namespace` (extra_key, cache_salt), computed span by span as they are read; the
+    arguments as `page_hashes` takes them. `len` is the number of whole pages (nothing is
+    hashed for it); `done` how many are hashed so far; `extend_to(k)` hashes the first k."""
+    __slots__ = ("key", "_inner", "_ps", "_algo", "_memo", "_n", "_out")
+
+    def __init__(self, tokens, namespace: tuple, page_size: int, algo: str = "sha256", *,
+                 salt_first_only: bool = False, memo: bool = True):
+        if not isinstance(namespace, tuple) or len(namespace) != 2:
+            raise ValueError(f"namespace must be a tuple (extra_key, cache_salt), got "
+                             f"{namespace!r}")
+        self.key = tokens if isinstance(tokens, RadixKey) and tokens.namespace == namespace \
+            else RadixKey(tokens, extra_key=namespace[0], cache_salt=namespace[1])
+        self._ps, self._algo = positive_int(page_size, "page_size"), check_hash_algo(algo)
+        self._inner = (self.key.namespace[0], None) if salt_first_only else self.key.namespace
+        self._memo = memo
+        self._n = len(self.key) // self._ps
+        self._out: list[int] = []
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def done(self) -> int:
+        """Pages hashed so far (a prefix of the prompt's)."""
+        return len(self._out)
+
+    def extend_to(self, k: int) -> list[int]:
+        """Hash at least the first min(k, len) pages; returns the hashes computed so far (the
+        list itself: read it, never change it)."""
+        while len(self._out) < min(k, self._n):
+            self._step()
+        return self._out
+
+    def all(self) -> list[int]:
+        return self.extend_to(self._n)
+
+    def _step(self) -> None:
+        """Hash the next span (or, at the end, the pages left)."""
+        key, ps, algo, out = self.key, self._ps, self._algo, self._out
+        if algo == SIM_HASH:                  # a whole prompt in one vectorised run
+            out[:] = chain_run(None, self._inner, key.buf, ps, algo, first=key.namespace)
+            return
+        i = len(out)
+        parent = out[-1] if i else None
+        if i + _SPAN > self._n:
+            out.extend(_chain(parent, key, self._inner, i, self._n, ps, algo, self._memo))
+            return
+        k = (parent, key.namespace, self._inner, i == 0, key.page(i // _SPAN, ps * _SPAN), ps,
+             algo)
+        span = _SPAN_MEMO.get(k)
+        if span is None:
+            span = _chain(parent, key, self._inner, i, i + _SPAN, ps, algo, self._memo)
+            if len(_SPAN_MEMO) >= _SPAN_MEMO_MAX:
+                _SPAN_MEMO.clear()
+            _SPAN_MEMO[k] = span
+        out.extend(span)
+
+    def _spans(self) -> Iterator[list[int]]:
+        yield self._out[:]
+        while len(self._out) < self._n:
+            start = len(self._out)
+            self._step()
+            yield self._out[start:]
+
+    def __iter__(self) -> Iterator[int]:
+        return chain.from_iterable(self._spans())
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            start, stop, _ = i.indices(self._n)
+            return self.extend_to(stop)[i]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"page {i} of a prompt of {self._n} pages")
+        return self.extend_to(i + 1)[i]
+
+
+def page_hashes(tokens, namespace: tuple, page_size: int, algo: str = "sha256", *,
+                salt_first_only: bool = False, memo: bool = True) -> list[int]:
+    """The chained hashes of the whole pages of `tokens` (ids, or a RadixKey already packed)
+    under `namespace` (extra_key, cache_salt): what a cache emits when it stores them.
+    RadixCache mixes the whole namespace into every page; BlockHashCache, as vLLM, mixes
+    cache_salt into the first page only (salt_first_only=True). Without a salt both agree.
+    `memo` False skips the per-page memo (cache/events.py), which only pays where the caches
+    that fill it run in this process: a page missing from it costs twice as much to hash
+    through it."""
+    return PageHashes(tokens, namespace, page_size, algo, salt_first_only=salt_first_only,
+                      memo=memo).all()
+
+
+def _chain(parent: int | None, key: RadixKey, inner: tuple, start: int, stop: int,
+           page_size: int, algo: str, memo: bool = True) -> tuple[int, ...]:
+    """The hashes of pages [start, stop) of `key`, chained from `parent` (the first page of
+    the key mixes in its whole namespace, the others `inner`)."""
+    return tuple(chain_hashes(parent, inner, key.pages(start, stop, page_size), algo,
+                              first=key.namespace if start == 0 else None, memo=memo))
