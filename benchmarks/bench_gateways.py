@@ -15,10 +15,13 @@ prompt tokens (from the replies' usage), TTFT p50 / p99, E2E p99, throughput, th
 CPU seconds over the run, requests per worker; then each gateway's added latency: the p50 of
 sequential one-token requests through it minus the same sent to a worker directly. Between
 runs every worker's cache is reset (`/reset_prefix_cache`) and the gateway restarted; the load
-starts once the gateway has replayed the workers' KV event history (`settle`).
+starts once the gateway has replayed the workers' KV event history (`settle`). With `--repeat
+N` every workload goes through every gateway N times, in turn, and the table shows each
+figure's median beside the TTFT p99 of every run: the p99 of a hundred-odd requests is about
+the second-worst TTFT, and moves by a third between runs.
 
     python benchmarks/bench_gateways.py [--workers 4] [--requests 240] [--json OUT]
-        [--gateways NAME ...] [--workloads NAME ...] [--latency-only]
+        [--gateways NAME ...] [--workloads NAME ...] [--latency-only] [--repeat N]
 """
 from __future__ import annotations
 
@@ -138,8 +141,49 @@ def session_cpu(sid: int) -> float:
     return total
 
 
+def measure(wl: Workload, mode: dict, gw_name: str, cmd: list[str], urls: list[str],
+            latency: dict) -> dict:
+    """One run of `wl` through the gateway `cmd` (started afresh, every worker's cache reset):
+    its figures; the gateway's added latency is measured on its first run only."""
+    for u in urls:
+        httpx.post(f"{u}/reset_prefix_cache", timeout=30).raise_for_status()
+    port = cmd[cmd.index("--port") + 1]
+    base = f"http://127.0.0.1:{port}"
+    before = done(urls)
+    with running(cmd, f"{base}/health", Path("/tmp") / f"gw-{port}.log") as proc:
+        settle(base)                              # subscriptions in place, history replayed
+        cpu0 = session_cpu(proc.pid)
+        res = run_benchmark(wl, BenchConfig(base, model=MODEL, timeout=300, text=True, **mode))
+        cpu = session_cpu(proc.pid) - cpu0
+        per_worker = [a - b for a, b in zip(done(urls), before)]
+        fit = httpx.get(f"{base}/workers").json().get("ttft_fit") \
+            if gw_name.startswith("radixkv route") else None
+        if gw_name not in latency:
+            latency[gw_name] = added_latency(base, urls[0])
+    s = res.summary
+    return {"cached_share": s["cached_token_rate"], "ttft_p50": s["ttft_p50"],
+            "ttft_p99": s["ttft_p99"], "e2e_p99": s["e2e_p99"],
+            "req_s": s["request_throughput_req_s"], "errors": s["errors"],
+            "completed": f"{s['completed']}/{s['requests']}", "per_worker": per_worker,
+            "gateway_cpu_s": cpu, "ttft_fit": fit}
+
+
+FIGURES = ("cached_share", "ttft_p50", "ttft_p99", "e2e_p99", "req_s", "errors", "gateway_cpu_s")
+
+
+def medians(rows: list[dict]) -> list[dict]:
+    """One row per (workload, gateway), in first-seen order: the median of each figure over its
+    runs, the requests per worker and the fit of its last run, and its TTFT p99 run by run."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["workload"], r["gateway"]), []).append(r)
+    return [{**runs[-1], **{k: statistics.median(r[k] for r in runs) for k in FIGURES},
+             "ttft_p99_runs": [r["ttft_p99"] for r in runs]} for runs in groups.values()]
+
+
 def keep(name: str, only: list[str] | None) -> bool:
-    return only is None or any(k in name for k in only)
+    """Whether `name` contains one of `only` (None: all); a NAME ending in "$" must be all of it."""
+    return only is None or any(name == k[:-1] if k.endswith("$") else k in name for k in only)
 
 
 def main() -> int:
@@ -148,13 +192,19 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=240)
     ap.add_argument("--tokens", type=int, default=12_000, help="each worker's KV pool")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every workload through every gateway this many times, in turn; "
+                         "the table shows each figure's median")
     ap.add_argument("--latency-only", action="store_true",
                     help="measure each gateway's added latency only (no workloads)")
     ap.add_argument("--gateways", nargs="+", metavar="NAME",
-                    help="only the gateways whose names contain one of these")
+                    help="only the gateways whose names contain one of these (one ending in $: "
+                         "whose name is it)")
     ap.add_argument("--workloads", nargs="+", metavar="NAME",
                     help="only the workloads whose names contain one of these")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error(f"--repeat {args.repeat}: give 1 or more")
     con, rows, latency = Console(width=180), [], {}
     flags = ["--executor", "sim", "--model", MODEL, "--enable-metrics", "--max-total-tokens",
              str(args.tokens), "--kv-events-config", json.dumps({
@@ -178,45 +228,29 @@ def main() -> int:
                                  Path("/tmp") / f"gw-{port}.log"):
                         time.sleep(1.0)
                         latency[gw_name] = added_latency(f"http://127.0.0.1:{port}", urls[0])
-        for wl_name, (wl, mode) in ({} if args.latency_only else workloads(args.requests)).items():
-            for gw_name, cmd in gateways(urls, events, free_port(), tok).items():
-                if not (keep(wl_name, args.workloads) and keep(gw_name, args.gateways)):
-                    continue
-                if cmd is None:
-                    con.print(f"[yellow]{gw_name}: not installed (make interop): skipped")
-                    continue
-                for u in urls:
-                    httpx.post(f"{u}/reset_prefix_cache", timeout=30).raise_for_status()
-                port = cmd[cmd.index("--port") + 1]
-                base = f"http://127.0.0.1:{port}"
-                before = done(urls)
-                with running(cmd, f"{base}/health", Path("/tmp") / f"gw-{port}.log") as proc:
-                    settle(base)                  # subscriptions in place, history replayed
-                    cpu0 = session_cpu(proc.pid)
-                    res = run_benchmark(wl, BenchConfig(base, model=MODEL, timeout=300, text=True,
-                                                        **mode))
-                    cpu = session_cpu(proc.pid) - cpu0
-                    per_worker = [a - b for a, b in zip(done(urls), before)]
-                    fit = httpx.get(f"{base}/workers").json().get("ttft_fit") \
-                        if gw_name.startswith("radixkv route") else None
-                    if gw_name not in latency:
-                        latency[gw_name] = added_latency(base, urls[0])
-                s = res.summary
-                rows.append({"workload": wl_name, "gateway": gw_name,
-                             "cached_share": s["cached_token_rate"], "ttft_p50": s["ttft_p50"],
-                             "ttft_p99": s["ttft_p99"], "e2e_p99": s["e2e_p99"],
-                             "req_s": s["request_throughput_req_s"], "errors": s["errors"],
-                             "per_worker": per_worker, "gateway_cpu_s": cpu, "ttft_fit": fit})
-                con.print(f"{wl_name} · {gw_name}: {s['completed']}/{s['requests']} done")
-    table = Table(title="gateways side by side (sim Llama-3-8B / H100 workers)")
+        runs = [] if args.latency_only else range(args.repeat)
+        for run in runs:                      # each repeat runs every gateway once more
+            for wl_name, (wl, mode) in workloads(args.requests).items():
+                for gw_name, cmd in gateways(urls, events, free_port(), tok).items():
+                    if not (keep(wl_name, args.workloads) and keep(gw_name, args.gateways)):
+                        continue
+                    if cmd is None:
+                        con.print(f"[yellow]{gw_name}: not installed (make interop): skipped")
+                        continue
+                    row = measure(wl, mode, gw_name, cmd, urls, latency)
+                    rows.append({"workload": wl_name, "gateway": gw_name, "run": run, **row})
+                    con.print(f"{wl_name} · {gw_name}, run {run + 1}: {row['completed']} done")
+    table = Table(title="gateways side by side (sim Llama-3-8B / H100 workers)"
+                        + (f", median of {args.repeat} runs" if args.repeat > 1 else ""))
     for col in ("workload", "gateway", "cached share", "TTFT p50", "TTFT p99", "E2E p99",
-                "req/s", "errors", "gateway CPU", "requests per worker"):
+                "req/s", "errors", "gateway CPU", "requests per worker", "TTFT p99 by run"):
         table.add_column(col, justify="left" if col in ("workload", "gateway") else "right")
-    for r in rows:
+    for r in medians(rows):
         table.add_row(r["workload"], r["gateway"], f"{r['cached_share']:.1%}",
                       f"{r['ttft_p50']:.3f} s", f"{r['ttft_p99']:.3f} s", f"{r['e2e_p99']:.3f} s",
                       f"{r['req_s']:.2f}", str(r["errors"]), f"{r['gateway_cpu_s']:.1f} s",
-                      " ".join(map(str, r["per_worker"])))
+                      " ".join(map(str, r["per_worker"])),
+                      " ".join(f"{t:.3f}" for t in r["ttft_p99_runs"]))
     con.print(table)
     lat = Table(title="added latency, p50 of one-token requests, gateway − direct")
     lat.add_column("gateway")
@@ -227,7 +261,7 @@ def main() -> int:
     fits = Table(title="radixkv route (radixkv-fit): the TTFT predicted at routing against the measured")
     for col in ("workload", "TTFTs seen", "median |pred/meas - 1|", "p90", "coefficients"):
         fits.add_column(col)
-    for r in rows:
+    for r in medians(rows):
         if r.get("ttft_fit"):
             f = r["ttft_fit"]
             fits.add_row(r["workload"], str(f["observations"]), f"{f['median_abs_error']:.2f}",
