@@ -97,8 +97,8 @@ class PageHashes(Sequence[int]):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            start, stop, _ = i.indices(self._n)
-            return self.extend_to(stop)[i]
+            start, stop, step = i.indices(self._n)
+            return self.extend_to(stop if step > 0 else start + 1)[i]
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:

@@ -81,6 +81,8 @@ def test_lazy_hashes_are_the_whole_hashes_however_they_are_read(page_size, ns):
     assert lazy[70] == whole[70] and lazy.done == 2 * SPAN          # two spans read, no more
     assert lazy[-1] == whole[-1] and lazy.done == len(whole)
     assert lazy[3:9] == whole[3:9] and len(lazy) == len(whole) == len(toks) // page_size
+    backwards = PageHashes(toks, ns, page_size)
+    assert backwards[100:2:-3] == whole[100:2:-3] and backwards[::-1] == whole[::-1]
     first = PageHashes(toks, ns, page_size, salt_first_only=True)
     assert first[:5] == page_hashes(toks, ns, page_size, salt_first_only=True)[:5]
     with pytest.raises(IndexError, match="page"):
