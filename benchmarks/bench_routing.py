@@ -27,7 +27,7 @@ from radixkv.cache.events import KVEvent  # noqa: E402
 from radixkv.gateway.core import EventSource, Routing  # noqa: E402
 from radixkv.gateway.workers import Worker  # noqa: E402
 from radixkv.kvevents.hashes import page_hashes  # noqa: E402
-from radixkv.kvevents.wire import encode_batch, decode_batch, to_wire  # noqa: E402
+from radixkv.kvevents.wire import KVEventBatch, to_wire  # noqa: E402
 from radixkv.router import RequestInfo  # noqa: E402
 from radixkv.sim.measured import named_cost  # noqa: E402
 
@@ -43,13 +43,13 @@ def build(router: str, page_size: int, preamble: list[int]) -> Routing:
     hashes = page_hashes(preamble, (None, None), page_size)
     events = [KVEvent("stored", h, p, tuple(preamble[i * page_size:(i + 1) * page_size]))
               for i, (h, p) in enumerate(zip(hashes, [None, *hashes]))]
-    r.on_events(0, decode_batch(encode_batch(0.0, to_wire(events, page_size))))
+    r.on_events(0, KVEventBatch(0.0, to_wire(events, page_size)))   # as a feed hands it
     return r
 
 
 def per_request(routing: Routing, prompts: list[list[int]], whole: bool) -> float:
     """ms per request: place, first token, finish; `whole`: the prompt hashed whole first."""
-    infos = [RequestInfo(f"q{i}-{random.random()}", p, arrival=time.monotonic(),
+    infos = [RequestInfo(f"q{i}", p, arrival=time.monotonic(),
                          max_new_tokens=100) for i, p in enumerate(prompts)]
     t0 = time.perf_counter()
     for info in infos:

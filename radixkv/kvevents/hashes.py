@@ -11,8 +11,8 @@ are remembered in both forms: a long shared prefix costs a lookup a span.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from itertools import chain
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain, islice
 
 from radixkv.cache.events import chain_hashes, chain_run, check_hash_algo
 from radixkv.cache.key import RadixKey
@@ -85,8 +85,8 @@ class PageHashes(Sequence[int]):
             _SPAN_MEMO[k] = span
         out.extend(span)
 
-    def _spans(self) -> Iterator[list[int]]:
-        yield self._out[:]
+    def _spans(self) -> Iterator[Iterable[int]]:
+        yield islice(self._out, len(self._out))    # what is hashed now, without copying it
         while len(self._out) < self._n:
             start = len(self._out)
             self._step()
