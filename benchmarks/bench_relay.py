@@ -1,7 +1,8 @@
 """What each gateway's process spends to relay a streamed token: one `radixkv serve --executor sim`
 worker, the same streaming load (N requests of T tokens each, C at a time, every event one SSE
-chunk) straight to the worker and through each gateway in turn — radixkv route, sglang-router
-and vllm-router, all round-robin over the one worker, so only the relay differs — and the
+chunk) straight to the worker and through each gateway in turn — radixkv route (tokenizing
+locally with the worker's tokenizer, as the peers route on text without asking the worker),
+sglang-router and vllm-router, all round-robin over the one worker, so only the relay differs — and the
 gateway's CPU seconds (its whole process session) per chunk, as a ratio to sglang-router's
 measured in the same run; with TTFT p50 / p99 at the client. The peers come from `make
 interop`'s venvs (skipped, saying so, when absent).
@@ -13,7 +14,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,10 +57,11 @@ async def load(base: str, n: int, tokens: int, concurrency: int) -> tuple[int, l
     return chunks, sorted(ttfts)
 
 
-def gateways(worker: str, port: int) -> dict[str, list[str] | None]:
+def gateways(worker: str, port: int, tokenizer: str) -> dict[str, list[str] | None]:
     out: dict[str, list[str] | None] = {
         "radixkv route": [sys.executable, "-m", "radixkv", "route", "--worker-urls", worker,
-                          "--host", "127.0.0.1", "--port", str(port), "--router", "round-robin"]}
+                          "--host", "127.0.0.1", "--port", str(port), "--router", "round-robin",
+                          "--tokenizer", tokenizer]}
     for name, tool, sub in (("sglang-router", "sglang-router", ["launch"]),
                             ("vllm-router", "vllm-router", [])):
         out[name] = [str(program(tool)), *sub, "--host", "127.0.0.1", "--port", str(port),
@@ -76,11 +80,14 @@ def main() -> int:
     run = lambda base: asyncio.run(load(base, args.requests, args.tokens, args.concurrency))  # noqa: E731
     flags = ["--executor", "sim", "--model", MODEL, "--max-total-tokens", "200000"]
     with contextlib.ExitStack() as st:
+        tok = str(Path(st.enter_context(tempfile.TemporaryDirectory())) / "tokenizer")
+        subprocess.run([sys.executable, "-m", "radixkv", "tokenizer", tok, "--model", MODEL],
+                       check=True, stdout=subprocess.DEVNULL)     # the worker's, loaded locally
         worker = st.enter_context(ServerProcess(flags)).base_url
         run(worker)                                               # warm-up
         chunks, ttfts = run(worker)
         rows.append(("direct", chunks, None, ttfts))
-        for name, cmd in gateways(worker, free_port()).items():
+        for name, cmd in gateways(worker, free_port(), tok).items():
             if cmd is None:
                 con.print(f"[yellow]{name}: not installed (make interop): skipped")
                 continue

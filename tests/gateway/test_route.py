@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixkv.cli import main
 from radixkv.gateway.core import EventSource, Routing
-from radixkv.gateway.proxy import Gateway, build_gateway_app, has_content
+from radixkv.gateway.proxy import Gateway, build_gateway_app
+from radixkv.gateway.relay import has_content
 from radixkv.gateway.workers import load_figures
 from radixkv.gateway.tokens import Tokens
 from radixkv.kvevents.publisher import KVEventsConfig
@@ -112,9 +113,10 @@ def test_round_robin_alternates_and_streams_pass_through():
                 "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True},
                 "ignore_eos": True}
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
-            via = [ln for ln in r.iter_lines() if ln]
+            via, via_type = [ln for ln in r.iter_lines() if ln], r.headers["content-type"]
         with httpx.stream("POST", f"{ws[0][0]}/v1/chat/completions", json=body) as r:
             direct = [ln for ln in r.iter_lines() if ln]
+        assert via_type == r.headers["content-type"] == "text/event-stream; charset=utf-8"
         assert len(via) == len(direct) == 9 and via[-1] == direct[-1] == "data: [DONE]"
         def same(lines):                # what does not depend on the request or the cache
             out = [{k: v for k, v in json.loads(ln[6:]).items() if k not in ("id", "created")}
@@ -122,6 +124,10 @@ def test_round_robin_alternates_and_streams_pass_through():
             out[-1]["usage"].pop("prompt_tokens_details")
             return out
         assert same(via) == same(direct)
+        for path in ("/v1/completions", "/v1/chat/completions"):   # routed ahead of FastAPI's
+            r = httpx.get(f"{url}{path}")
+            assert (r.status_code, r.json()["error"]["type"]) == (405, "invalid_request_error")
+        assert done(ws) == [7, 5]          # the two streams on worker 0; the GETs sent nowhere
 
 
 def test_text_and_chat_are_tokenized_by_the_workers_or_a_local_tokenizer(tmp_path):
