@@ -51,7 +51,7 @@ from typing import NamedTuple
 import numpy as np
 
 from radixkv.kvevents.hashes import PageHashes
-from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, RouterContext
+from radixkv.router.base import ROUTERS, Events, ReplicaView, RequestInfo, RouterContext
 from radixkv.router.flying import FlyingPages
 from radixkv.router.llmd import EventRouter
 from radixkv.router.ttft_fit import TTFTFit
@@ -106,6 +106,9 @@ class RadixKVRouter(EventRouter):
         self._flights: dict[str, Flight] = {}
         self._prefilling: set[str] = set()
         self._last: tuple[str, list] | None = None   # the last route's rid, features and TTFTs
+        # the last route's rid and hit per replica, until what they read changes (an event, a
+        # request routed or finished): on_route takes its replica's without another scan
+        self._hits: tuple[str, list[int]] | None = None
         self.flying = [0] * self.n           # requests routed, not finished
         self.ahead = [0] * self.n            # of those, first token not back yet
         self.budget = [0] * self.n           # their output budgets
@@ -196,6 +199,7 @@ class RadixKVRouter(EventRouter):
         self.check_views(replicas)
         hashes = self.page_hashes(request)
         pred = self.predict(request, hashes)
+        self._hits = (request.rid, [p.hit_tokens for p in pred])
         w, dw = self.options.work_weight, self.options.decode_weight
         dec = [self.decode_time(request, v) for v in replicas] if dw else [0.0] * self.n
         fastest = min(dec)
@@ -234,7 +238,9 @@ class RadixKVRouter(EventRouter):
         last = self._last
         fresh = last is not None and last[0] == request.rid
         hashes = self.page_hashes(request)            # hashed once, by route
-        hit = self.hit_tokens(replica, hashes, request.prompt_len)
+        hits, self._hits = self._hits, None
+        hit = hits[1][replica] if hits is not None and hits[0] == request.rid \
+            else self.hit_tokens(replica, hashes, request.prompt_len)
         self.inflight[replica].add(request.rid, hashes)
         new = request.prompt_len - hit
         x, said = last[1][replica] if fresh and last[1] else (None, 0.0)
@@ -264,11 +270,16 @@ class RadixKVRouter(EventRouter):
             self.pending[f.replica] -= f.new_tokens
             self.ahead[f.replica] -= 1
 
+    def on_events(self, replica: int, events: Events) -> None:
+        self._hits = None
+        super().on_events(replica, events)
+
     def on_finish(self, replica: int, request: RequestInfo) -> None:
         self.on_first_token(replica, request)
         f = self._flights.pop(request.rid, None)
         if f is None:
             return
+        self._hits = None
         self.flying[f.replica] -= 1
         self.budget[f.replica] -= f.budget
         self.inflight[f.replica].remove(request.rid)

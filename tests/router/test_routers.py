@@ -134,6 +134,34 @@ def test_radixkv_counts_pages_two_requests_fly_until_the_last_one_finishes():
     assert r.inflight[0].count == {} and r.flying == [0, 0]
 
 
+@pytest.mark.parametrize("change", [None, "event", "finish"])
+def test_radixkv_on_route_takes_the_hit_route_read_unless_what_it_read_changed(change):
+    """on_route takes its replica's hit from route without a second scan, but an event or a
+    finished request in between (what the hit reads: held pages, pages in flight) drops it:
+    the flight's new tokens are always those of a scan at on_route."""
+    r = make_router("radixkv", ctx(2))
+    prefix = list(range(8 * PS))
+    r.on_events(0, stored(prefix[:4 * PS]))
+    other = req("o", prefix + [9])
+    r.on_route(1, other)                       # its pages fly on replica 1
+    a = req("a", prefix + [1])
+    r.route(a, idle(2))
+    if change == "event":
+        r.on_events(1, stored(prefix + [5] * PS))
+    elif change == "finish":
+        r.on_finish(1, other)
+    scans = []
+    held = r.held_pages
+    r.held_pages = lambda *args: scans.append(args[0]) or held(*args)
+    want = {0: r.hit_tokens(0, r.page_hashes(a), a.prompt_len),
+            1: r.hit_tokens(1, r.page_hashes(a), a.prompt_len)}
+    scans.clear()
+    r.on_route(1, a)
+    assert r._flights["a"].new_tokens == a.prompt_len - want[1]
+    assert want == {0: 4 * PS, 1: 0 if change == "finish" else 8 * PS}
+    assert scans == ([] if change is None else [1])
+
+
 def test_radixkv_prefers_a_cold_idle_replica_when_the_warm_queue_costs_more():
     r = make_router("radixkv", ctx(2))
     prefix = list(range(256))
