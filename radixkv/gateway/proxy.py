@@ -1,7 +1,6 @@
 """The gateway's HTTP side: a streaming proxy for `/v1/completions` and `/v1/chat/completions`
-(each request routed by `core.Routing`, its stream relayed by relay.py: server-sent events
-passed through as they arrive; a client that hangs up closes the upstream request, which the
-worker then aborts), `/v1/models`,
+(each request routed by `core.Routing`; server-sent events passed through as they arrive; a
+client that hangs up closes the upstream request, which the worker then aborts), `/v1/models`,
 `/health`, `/metrics` (the gateway's own), and the fleet at run time: `GET /workers`,
 `POST /workers` (`{"url": ..., "kv_events": "tcp://H:P[,tcp://H:P]"}`), `DELETE /workers/{url}`.
 
@@ -26,16 +25,16 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 from fastapi import FastAPI, Request as HTTPRequest
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixkv.gateway.core import EventSource, Routing
 from radixkv.gateway.metrics import GatewayMetrics
-from radixkv.gateway.relay import GenerationRoutes, Upstream, error
 from radixkv.gateway.tokens import TokenizeError, Tokens
 from radixkv.gateway.workers import WORKER_ERRORS, Worker, check_health, discover, every, scrape
 from radixkv.router import RequestInfo
 from radixkv.server.guard import DEFAULT_CLIENT_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, RequestGuard
+from radixkv.server.updates import ClosingStreamingResponse
 from radixkv.validate import positive_int, positive_number
 
 log = logging.getLogger(__name__)
@@ -46,6 +45,11 @@ PASSED_HEADERS = ("authorization", "x-request-id")
 # thread. A thread hop saves nothing under the GIL and, with the loop busy relaying, waits
 # out its switch interval: it tripled the routing time of 4,000-token prompts under load
 INLINE_TOKENS = 32_768
+
+
+def _error(status: int, message: str, kind: str = "server_error") -> JSONResponse:
+    return JSONResponse({"object": "error", "error": {"message": message, "type": kind,
+                                                     "param": None, "code": status}}, status)
 
 
 class Gateway:
@@ -160,23 +164,22 @@ class Gateway:
                 await scrape(self.session, w, self.scrape_interval)
 
     # ---- a request ----------------------------------------------------------------------------
-    async def generate(self, raw: HTTPRequest, path: str, chat: bool) -> Response | Upstream:
-        """A generation request routed and sent: the answer, or a stream to relay."""
+    async def generate(self, raw: HTTPRequest, path: str, chat: bool):
         try:
             content = await raw.body()     # forwarded as it came: NaN, lone surrogates and all
             body = json.loads(content)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return error(400, f"the body is not valid JSON: {e}", "invalid_request_error")
+            return _error(400, f"the body is not valid JSON: {e}", "invalid_request_error")
         if not isinstance(body, dict):
-            return error(400, "the body must be a JSON object", "invalid_request_error")
+            return _error(400, "the body must be a JSON object", "invalid_request_error")
         tokens = await self._tokenize(body, chat)
         if isinstance(tokens, Response):
             return tokens
         if not tokens:
-            return error(400, "the prompt is empty", "invalid_request_error")
+            return _error(400, "the prompt is empty", "invalid_request_error")
         if min(tokens) < 0 or max(tokens) >= 2**32:                     # no hash can take it
             bad = next(t for t in tokens if not 0 <= t < 2**32)
-            return error(400, f"prompt token id {bad} is outside [0, 2**32)",
+            return _error(400, f"prompt token id {bad} is outside [0, 2**32)",
                           "invalid_request_error")
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         info = RequestInfo(f"route-{next(_ids)}", tokens, (None, body.get("cache_salt")),
@@ -194,7 +197,7 @@ class Gateway:
             self.metrics.decision.observe(time.perf_counter() - t0)
             if placed is None:
                 self.metrics.errors.labels("no_worker").inc()
-                return error(503, "no healthy worker could take the request")
+                return _error(503, "no healthy worker could take the request")
             i, w, predicted = placed
             self.metrics.predicted.inc(min(predicted, len(tokens) - 1))
             log.debug("%s: %d prompt tokens to %s (%d held there)", info.rid, len(tokens), w.url,
@@ -215,7 +218,7 @@ class Gateway:
             if retries > 1:
                 log.warning("%s: worker %s failed it too (%s): 502", info.rid, w.url, failed)
                 self.metrics.errors.labels("upstream").inc()
-                return error(502, f"the workers failed the request (last: {w.url})")
+                return _error(502, f"the workers failed the request (last: {w.url})")
             log.warning("%s: worker %s failed before the first byte (%s): one retry on the "
                         "next best worker", info.rid, w.url, failed)
             self.metrics.retries.inc()
@@ -226,10 +229,12 @@ class Gateway:
                 resp.release()                        # read whole: the connection is kept
                 self.routing.finished(info.rid)
             if resp.status == 200:
-                self.reported(content)
+                self._reported(content)
             return Response(content, resp.status,
                             media_type=resp.headers.get("content-type"))
-        return Upstream(resp, info, w.url)           # relayed by relay.relay
+        return ClosingStreamingResponse(
+            self._relay(resp, info, w.url), resp.status,
+            media_type=resp.headers.get("content-type", "text/event-stream"))
 
     async def _tokenize(self, body: dict, chat: bool) -> list[int] | Response:
         """The request's token ids, from the first healthy worker that answers (one that
@@ -239,7 +244,7 @@ class Gateway:
         probes = [w for w in self.routing.workers if w.healthy]
         if not probes:
             self.metrics.errors.labels("no_worker").inc()
-            return error(503, "no healthy worker")
+            return _error(503, "no healthy worker")
         if len(probes) == 1:            # a second try, as a request's retry (Routing.choose)
             probes *= 2
         for w in probes:
@@ -253,9 +258,46 @@ class Gateway:
                 failed = type(e).__name__
             log.warning("tokenizing on worker %s failed (%s)", w.url, failed)
         self.metrics.errors.labels("tokenize").inc()
-        return error(502, f"tokenizing failed on every healthy worker (last: {w.url}: {failed})")
+        return _error(502, f"tokenizing failed on every healthy worker (last: {w.url}: {failed})")
 
-    def reported(self, content: bytes) -> None:
+    async def _relay(self, resp: aiohttp.ClientResponse, info: RequestInfo, worker: str):
+        first, tail, head = True, b"", b""
+        self.relays.add(resp)
+        try:
+            try:
+                async for chunk in resp.content.iter_any():
+                    if first:                  # until the first content (a chat's role chunk is not)
+                        head += chunk
+                        if has_content(head):
+                            first = False
+                            now = time.monotonic()
+                            self.metrics.ttft.observe(now - info.arrival)
+                            self.routing.first_output(info.rid, now)
+                    tail = (tail + chunk)[-4096:]
+                    yield chunk
+            except WORKER_ERRORS as e:                # the worker failed after the first byte
+                if self.closing is not None:          # ...or drain() cut it
+                    err = {"object": "error", "error": {"message": self.closing, "param": None,
+                                                        "type": "server_error", "code": 503}}
+                    yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+                    return
+                log.warning("%s: worker %s failed mid-stream (%s): ended with an error event",
+                            info.rid, worker, type(e).__name__)
+                self.metrics.errors.labels("midstream").inc()
+                err = {"error": {"message": f"the worker failed mid-stream: {type(e).__name__}",
+                                 "type": "server_error", "code": 502}}
+                yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+                return
+            self._reported(tail)
+        finally:
+            self.relays.discard(resp)
+            if resp.content.is_eof():
+                resp.release()                        # relayed to its end: the connection is kept
+            else:
+                resp.close()                          # a client gone: the worker aborts
+            self.routing.finished(info.rid)
+
+    def _reported(self, content: bytes) -> None:
         """Count the cached tokens a worker reported in `usage` (the last usage in `content`)."""
         text = content.decode("utf-8", errors="replace")
         at = text.rfind('"cached_tokens":')
@@ -276,14 +318,20 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
 
     app = FastAPI(title="radixkv route", lifespan=lifespan)
     app.state.gateway = gw
-    # the generation routes inside the guard, ahead of FastAPI's router (relay.py)
-    app.add_middleware(GenerationRoutes, gateway=gw)
     app.add_middleware(RequestGuard, max_bytes=gw.max_request_bytes, timeout=gw.client_timeout)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_, e: StarletteHTTPException):      # no such route, a wrong method
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return error(e.status_code, str(e.detail), kind)
+        return _error(e.status_code, str(e.detail), kind)
+
+    @app.post("/v1/completions")
+    async def completions(raw: HTTPRequest):
+        return await gw.generate(raw, "/v1/completions", chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(raw: HTTPRequest):
+        return await gw.generate(raw, "/v1/chat/completions", chat=True)
 
     @app.get("/v1/models")
     async def models():
@@ -296,7 +344,7 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
     async def health():
         if any(w.healthy for w in gw.routing.workers):
             return Response(status_code=200)
-        return error(503, "no healthy worker")
+        return _error(503, "no healthy worker")
 
     @app.get("/metrics")
     async def metrics():
@@ -320,10 +368,10 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
             events = parse_events_value(body["kv_events"]) if body.get("kv_events") else None
             w = await gw.add(url, events)
         except WORKER_ERRORS as e:                     # the URL given names no worker
-            return error(400, f"cannot add the worker: {url!r} does not answer as one "
+            return _error(400, f"cannot add the worker: {url!r} does not answer as one "
                                f"({type(e).__name__})", "invalid_request_error")
         except (ValueError, KeyError, TypeError) as e:
-            return error(400, f"cannot add the worker: {e}", "invalid_request_error")
+            return _error(400, f"cannot add the worker: {e}", "invalid_request_error")
         return w.describe()
 
     @app.delete("/workers/{url:path}")
@@ -331,12 +379,40 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
         try:
             gw.remove(url)
         except KeyError:
-            return error(404, f"no worker {url} in the fleet", "not_found_error")
+            return _error(404, f"no worker {url} in the fleet", "not_found_error")
         except ValueError as e:
-            return error(400, str(e), "invalid_request_error")
+            return _error(400, str(e), "invalid_request_error")
         return {"removed": url.rstrip("/")}
 
     return app
+
+
+def has_content(head: bytes) -> bool:
+    """Whether the server-sent events in `head` (the stream so far) hold generated content: a
+    completion's text, a chat delta's content or reasoning, or the stream's end."""
+    for line in head.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return True
+        try:
+            obj = json.loads(data)
+        except ValueError:                     # a line cut across chunks: wait for the rest
+            continue
+        if not isinstance(obj, dict):
+            continue
+        choices = obj.get("choices")
+        for c in choices if isinstance(choices, list) else ():
+            if not isinstance(c, dict):
+                continue
+            delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
+            if c.get("text") or delta.get("content") or delta.get("reasoning_content") \
+                    or c.get("finish_reason"):
+                return True
+        if "error" in obj:
+            return True
+    return len(head) > 65536                   # no content in 64 KiB: count it as begun
 
 
 def parse_events_value(text: str) -> EventSource:

@@ -16,8 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixkv.cli import main
 from radixkv.gateway.core import EventSource, Routing
-from radixkv.gateway.proxy import Gateway, build_gateway_app
-from radixkv.gateway.relay import has_content
+from radixkv.gateway.proxy import Gateway, build_gateway_app, has_content
 from radixkv.gateway.workers import load_figures
 from radixkv.gateway.tokens import Tokens
 from radixkv.kvevents.publisher import KVEventsConfig
@@ -124,7 +123,7 @@ def test_round_robin_alternates_and_streams_pass_through():
             out[-1]["usage"].pop("prompt_tokens_details")
             return out
         assert same(via) == same(direct)
-        for path in ("/v1/completions", "/v1/chat/completions"):   # routed ahead of FastAPI's
+        for path in ("/v1/completions", "/v1/chat/completions"):   # POST only
             r = httpx.get(f"{url}{path}")
             assert (r.status_code, r.json()["error"]["type"]) == (405, "invalid_request_error")
         assert done(ws) == [7, 5]          # the two streams on worker 0; the GETs sent nowhere
