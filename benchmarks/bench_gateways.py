@@ -127,6 +127,15 @@ def settle(base: str, limit: float = 60.0) -> None:
     raise RuntimeError(f"the gateway at {base} did not catch up in {limit:g}s")
 
 
+def worker_tokenizer(stack: contextlib.ExitStack) -> str:
+    """The sim workers' tokenizer written to a directory `stack` removes: radixkv route loads it
+    (--tokenizer), as the peers route on text without asking a worker."""
+    tok = str(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "tokenizer")
+    subprocess.run([sys.executable, "-m", "radixkv", "tokenizer", tok, "--model", MODEL],
+                   check=True, stdout=subprocess.DEVNULL)
+    return tok
+
+
 def session_cpu(sid: int) -> float:
     """CPU seconds (user + system) of the processes in session `sid` (a gateway started in a
     session of its own, with any process it started), and of the children they waited for."""
@@ -211,9 +220,7 @@ def main() -> int:
                  "enable_kv_cache_events": True, "publisher": "zmq",
                  "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"})]
     with contextlib.ExitStack() as st:
-        tok = str(Path(st.enter_context(tempfile.TemporaryDirectory())) / "tokenizer")
-        subprocess.run([sys.executable, "-m", "radixkv", "tokenizer", tok, "--model", MODEL],
-                       check=True, stdout=subprocess.DEVNULL)
+        tok = worker_tokenizer(st)
         procs = [st.enter_context(ServerProcess(flags)) for _ in range(args.workers)]
         urls = [p.base_url for p in procs]
         events = {}

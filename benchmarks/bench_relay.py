@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_gateways import session_cpu  # noqa: E402
+from benchmarks.bench_gateways import session_cpu, worker_tokenizer  # noqa: E402
 from radixkv.bench.process import ServerProcess  # noqa: E402
 from tests.interop.conftest import free_port, running  # noqa: E402
 from tests.interop.peers import installed, program  # noqa: E402
@@ -80,9 +78,7 @@ def main() -> int:
     run = lambda base: asyncio.run(load(base, args.requests, args.tokens, args.concurrency))  # noqa: E731
     flags = ["--executor", "sim", "--model", MODEL, "--max-total-tokens", "200000"]
     with contextlib.ExitStack() as st:
-        tok = str(Path(st.enter_context(tempfile.TemporaryDirectory())) / "tokenizer")
-        subprocess.run([sys.executable, "-m", "radixkv", "tokenizer", tok, "--model", MODEL],
-                       check=True, stdout=subprocess.DEVNULL)     # the worker's, loaded locally
+        tok = worker_tokenizer(st)
         worker = st.enter_context(ServerProcess(flags)).base_url
         run(worker)                                               # warm-up
         chunks, ttfts = run(worker)
