@@ -252,7 +252,8 @@ def main() -> int:
     for col in ("workload", "gateway", "cached share", "TTFT p50", "TTFT p99", "E2E p99",
                 "req/s", "errors", "gateway CPU", "requests per worker", "TTFT p99 by run"):
         table.add_column(col, justify="left" if col in ("workload", "gateway") else "right")
-    for r in medians(rows):
+    summary = medians(rows)
+    for r in summary:
         table.add_row(r["workload"], r["gateway"], f"{r['cached_share']:.1%}",
                       f"{r['ttft_p50']:.3f} s", f"{r['ttft_p99']:.3f} s", f"{r['e2e_p99']:.3f} s",
                       f"{r['req_s']:.2f}", str(r["errors"]), f"{r['gateway_cpu_s']:.1f} s",
@@ -268,7 +269,7 @@ def main() -> int:
     fits = Table(title="radixkv route (radixkv-fit): the TTFT predicted at routing against the measured")
     for col in ("workload", "TTFTs seen", "median |pred/meas - 1|", "p90", "coefficients"):
         fits.add_column(col)
-    for r in medians(rows):
+    for r in summary:
         if r.get("ttft_fit"):
             f = r["ttft_fit"]
             fits.add_row(r["workload"], str(f["observations"]), f"{f['median_abs_error']:.2f}",
