@@ -28,13 +28,14 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from radixkv.gateway.bridge import BridgedResponse
 from radixkv.gateway.core import EventSource, Routing
 from radixkv.gateway.metrics import GatewayMetrics
 from radixkv.gateway.tokens import TokenizeError, Tokens
+from radixkv.gateway.upstream import Reply, Upstream
 from radixkv.gateway.workers import WORKER_ERRORS, Worker, check_health, discover, every, scrape
 from radixkv.router import RequestInfo
 from radixkv.server.guard import DEFAULT_CLIENT_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, RequestGuard
-from radixkv.server.updates import ClosingStreamingResponse
 from radixkv.validate import positive_int, positive_number
 
 log = logging.getLogger(__name__)
@@ -68,15 +69,15 @@ class Gateway:
         self.failures_to_leave = failures_to_leave
         self.timeout = timeout
         self.metrics = GatewayMetrics()
-        self.session: aiohttp.ClientSession | None = None   # every request to the workers
+        self.session: aiohttp.ClientSession | None = None   # probes, tokenizing, discovery
+        self.upstream = Upstream(timeout)                   # the generation requests
         self.tasks: list[asyncio.Task] = []
-        self.relays: set[aiohttp.ClientResponse] = set()    # the streams being relayed now
+        self.relays: set[Reply] = set()               # the streams being relayed now
         self.closing: str | None = None               # why they were cut (drain)
 
     # ---- the fleet ----------------------------------------------------------------------------
     async def start(self) -> None:
-        # aiohttp, not httpx: its C parser relays a token's event for two thirds of the CPU
-        # (benchmarks/RESULTS.md); nothing is compressed, so bytes pass through as they came
+        # nothing is compressed, so bytes pass through as they came
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.timeout),
@@ -106,6 +107,7 @@ class Gateway:
         for t in self.tasks:
             t.cancel()
         self.routing.close()
+        self.upstream.close()
         if self.session is not None:
             await self.session.close()
 
@@ -204,7 +206,7 @@ class Gateway:
                       predicted)
             self.metrics.requests.labels(w.url).inc()
             try:
-                resp = await self.session.post(f"{w.url}{path}", data=content, headers=headers)
+                resp = await self.upstream.post(f"{w.url}{path}", content, headers)
                 failed = f"HTTP {resp.status}"
             except WORKER_ERRORS as e:
                 resp, failed = None, type(e).__name__
@@ -224,17 +226,23 @@ class Gateway:
             self.metrics.retries.inc()
         if resp.status >= 400 or not body.get("stream"):
             try:
-                content = await resp.read()
+                content = await resp.read()           # read whole: the connection is kept
+            except WORKER_ERRORS as e:
+                log.warning("%s: worker %s failed its reply (%s): 502", info.rid, w.url,
+                            type(e).__name__)
+                self.metrics.errors.labels("upstream").inc()
+                return _error(502, f"the worker failed its reply ({type(e).__name__})")
             finally:
-                resp.release()                        # read whole: the connection is kept
+                resp.close()
                 self.routing.finished(info.rid)
             if resp.status == 200:
                 self._reported(content)
-            return Response(content, resp.status,
-                            media_type=resp.headers.get("content-type"))
-        return ClosingStreamingResponse(
-            self._relay(resp, info, w.url), resp.status,
-            media_type=resp.headers.get("content-type", "text/event-stream"))
+            return Response(content, resp.status, media_type=resp.content_type)
+        self.relays.add(resp)
+        return BridgedResponse(
+            resp, timeout=self.client_timeout, on_first=lambda: self._first(info),
+            on_end=lambda tail, failure: self._ended(resp, info, w.url, tail, failure),
+            closing=lambda: self.closing, first=has_content)
 
     async def _tokenize(self, body: dict, chat: bool) -> list[int] | Response:
         """The request's token ids, from the first healthy worker that answers (one that
@@ -260,42 +268,21 @@ class Gateway:
         self.metrics.errors.labels("tokenize").inc()
         return _error(502, f"tokenizing failed on every healthy worker (last: {w.url}: {failed})")
 
-    async def _relay(self, resp: aiohttp.ClientResponse, info: RequestInfo, worker: str):
-        first, tail, head = True, b"", b""
-        self.relays.add(resp)
-        try:
-            try:
-                async for chunk in resp.content.iter_any():
-                    if first:                  # until the first content (a chat's role chunk is not)
-                        head += chunk
-                        if has_content(head):
-                            first = False
-                            now = time.monotonic()
-                            self.metrics.ttft.observe(now - info.arrival)
-                            self.routing.first_output(info.rid, now)
-                    tail = (tail + chunk)[-4096:]
-                    yield chunk
-            except WORKER_ERRORS as e:                # the worker failed after the first byte
-                if self.closing is not None:          # ...or drain() cut it
-                    err = {"object": "error", "error": {"message": self.closing, "param": None,
-                                                        "type": "server_error", "code": 503}}
-                    yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
-                    return
-                log.warning("%s: worker %s failed mid-stream (%s): ended with an error event",
-                            info.rid, worker, type(e).__name__)
-                self.metrics.errors.labels("midstream").inc()
-                err = {"error": {"message": f"the worker failed mid-stream: {type(e).__name__}",
-                                 "type": "server_error", "code": 502}}
-                yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
-                return
+    def _first(self, info: RequestInfo) -> None:
+        now = time.monotonic()
+        self.metrics.ttft.observe(now - info.arrival)
+        self.routing.first_output(info.rid, now)
+
+    def _ended(self, reply: Reply, info: RequestInfo, worker: str, tail: bytes | None,
+               failure: str | None) -> None:
+        self.relays.discard(reply)
+        if failure is not None and self.closing is None:
+            log.warning("%s: worker %s failed mid-stream (%s): ended with an error event",
+                        info.rid, worker, failure)
+            self.metrics.errors.labels("midstream").inc()
+        if tail is not None:
             self._reported(tail)
-        finally:
-            self.relays.discard(resp)
-            if resp.content.is_eof():
-                resp.release()                        # relayed to its end: the connection is kept
-            else:
-                resp.close()                          # a client gone: the worker aborts
-            self.routing.finished(info.rid)
+        self.routing.finished(info.rid)
 
     def _reported(self, content: bytes) -> None:
         """Count the cached tokens a worker reported in `usage` (the last usage in `content`)."""

@@ -5,7 +5,8 @@ sends nothing holds a connection without end. Here a request's headers must comp
 `client_timeout` seconds of the connection opening, or of its first byte after a response;
 else the client gets a 408 (OpenAI error body) and the connection is closed, with one warning.
 Each request's scope also carries the connection's `abort` (server/guard.py drops a client that
-stops reading with it). The protocol is uvicorn's own choice (httptools when installed, else
+stops reading with it) and the protocol itself (gateway/bridge.py writes a relayed stream to
+its transport). The protocol is uvicorn's own choice (httptools when installed, else
 h11), extended the same way: both keep the request in progress in `cycle`.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import logging
 
 from radixkv.server import protocol as P
-from radixkv.server.guard import ABORT_KEY, DEFAULT_CLIENT_TIMEOUT
+from radixkv.server.guard import ABORT_KEY, CONNECTION_KEY, DEFAULT_CLIENT_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,8 @@ class _HeaderDeadline:
         super().data_received(data)
         if self.cycle is not None and self.cycle is not self._seen:     # headers complete
             self._seen = self.cycle
-            self.cycle.scope.setdefault("extensions", {})[ABORT_KEY] = self.transport.abort
+            ext = self.cycle.scope.setdefault("extensions", {})
+            ext[ABORT_KEY], ext[CONNECTION_KEY] = self.transport.abort, self
             self._disarm()
         elif idle and self._deadline is None and not self.transport.is_closing():
             self._deadline = self.loop.call_later(self.client_timeout, self._headers_late)

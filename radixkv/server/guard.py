@@ -22,6 +22,7 @@ from radixkv.server import protocol as P
 
 log = logging.getLogger(__name__)
 ABORT_KEY = "radixkv.abort"     # scope["extensions"][ABORT_KEY]: the connection's abort()
+CONNECTION_KEY = "radixkv.connection"   # ...[CONNECTION_KEY]: its uvicorn protocol (a bridge's)
 RID_KEY = "rid"                 # scope["state"][RID_KEY]: the engine request's id, once known
 DEFAULT_CLIENT_TIMEOUT = 30.0   # s: request headers, body, each response write
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
