@@ -35,8 +35,8 @@ TAIL = 4096                 # bytes of the stream's end kept: its usage is read 
 class BridgedResponse(Response):
     def __init__(self, reply: Reply, *, timeout: float, on_first: Callable[[], None],
                  on_end: Callable[[bytes, str | None], None],
-                 closing: Callable[[], str | None], first: Callable[[bytes], bool]):
-        """`on_first()` when the stream's head holds content (`first(head)` says); `on_end(tail,
+                 closing: Callable[[], str | None]):
+        """`on_first()` when the stream's head holds content (`has_content`); `on_end(tail,
         failure)` once, however it ends (tail: the stream's last bytes if it was relayed to its
         end, else None; failure: the worker's error's name, or None); `closing()`: why the
         gateway cut its streams, if it did."""
@@ -45,7 +45,7 @@ class BridgedResponse(Response):
         self.media_type = reply.content_type or "text/event-stream"
         self.init_headers(None)
         self.reply, self.timeout = reply, timeout
-        self.on_first, self.on_end, self.closing, self.first = on_first, on_end, closing, first
+        self.on_first, self.on_end, self.closing = on_first, on_end, closing
         self.head = b""
         self.tail = b""
         self.begun = False
@@ -54,13 +54,12 @@ class BridgedResponse(Response):
 
     async def __call__(self, scope, receive, send) -> None:
         conn = scope.get("extensions", {}).get(CONNECTION_KEY)
-        if isinstance(conn, HttpToolsProtocol):
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})
-        if not isinstance(conn, HttpToolsProtocol) or conn.cycle.chunked_encoding is not True:
+        if not isinstance(conn, HttpToolsProtocol):
             self.reply.close()
-            self._finish(RuntimeError("not a chunked httptools response"))
+            self._finish(RuntimeError("not an httptools connection"))
             raise RuntimeError("radixkv route streams need uvicorn's httptools protocol")
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
         self.transport, self.flow = conn.transport, conn.flow
         loop = asyncio.get_running_loop()
         gone = asyncio.ensure_future(receive())        # http.disconnect, when the client leaves
@@ -100,7 +99,7 @@ class BridgedResponse(Response):
         self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         if not self.begun:                             # until the first content (a role chunk
             self.head += data                          # of a chat is not)
-            if self.first(self.head):
+            if has_content(self.head):
                 self.begun = True
                 self.on_first()
         self.tail = data[-TAIL:] if len(data) >= TAIL else (self.tail + data)[-TAIL:]
@@ -137,3 +136,31 @@ class BridgedResponse(Response):
         if on_end is not None:               # the tail only of a stream relayed to its end
             on_end(self.tail if self.ended is None else None,
                    None if error is None else type(error).__name__)
+
+
+def has_content(head: bytes) -> bool:
+    """Whether the server-sent events in `head` (the stream so far) hold generated content: a
+    completion's text, a chat delta's content or reasoning, or the stream's end."""
+    for line in head.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return True
+        try:
+            obj = json.loads(data)
+        except ValueError:                     # a line cut across chunks: wait for the rest
+            continue
+        if not isinstance(obj, dict):
+            continue
+        choices = obj.get("choices")
+        for c in choices if isinstance(choices, list) else ():
+            if not isinstance(c, dict):
+                continue
+            delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
+            if c.get("text") or delta.get("content") or delta.get("reasoning_content") \
+                    or c.get("finish_reason"):
+                return True
+        if "error" in obj:
+            return True
+    return len(head) > 65536                   # no content in 64 KiB: count it as begun

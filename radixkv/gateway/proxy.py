@@ -242,7 +242,7 @@ class Gateway:
         return BridgedResponse(
             resp, timeout=self.client_timeout, on_first=lambda: self._first(info),
             on_end=lambda tail, failure: self._ended(resp, info, w.url, tail, failure),
-            closing=lambda: self.closing, first=has_content)
+            closing=lambda: self.closing)
 
     async def _tokenize(self, body: dict, chat: bool) -> list[int] | Response:
         """The request's token ids, from the first healthy worker that answers (one that
@@ -372,34 +372,6 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
         return {"removed": url.rstrip("/")}
 
     return app
-
-
-def has_content(head: bytes) -> bool:
-    """Whether the server-sent events in `head` (the stream so far) hold generated content: a
-    completion's text, a chat delta's content or reasoning, or the stream's end."""
-    for line in head.split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            return True
-        try:
-            obj = json.loads(data)
-        except ValueError:                     # a line cut across chunks: wait for the rest
-            continue
-        if not isinstance(obj, dict):
-            continue
-        choices = obj.get("choices")
-        for c in choices if isinstance(choices, list) else ():
-            if not isinstance(c, dict):
-                continue
-            delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
-            if c.get("text") or delta.get("content") or delta.get("reasoning_content") \
-                    or c.get("finish_reason"):
-                return True
-        if "error" in obj:
-            return True
-    return len(head) > 65536                   # no content in 64 KiB: count it as begun
 
 
 def parse_events_value(text: str) -> EventSource:

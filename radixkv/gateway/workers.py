@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from radixkv.bench.process import parse_metrics
 
 log = logging.getLogger(__name__)
-WORKER_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)  # refused, reset, timed out, bad URL
+WORKER_ERRORS = (aiohttp.ClientError, OSError)   # refused, reset, timed out (an OSError), bad URL
 
 # running requests, waiting requests, KV usage share: vLLM's names, then SGLang's
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")

@@ -1,14 +1,16 @@
 """The gateway's streamed replies (gateway/bridge.py) at the byte level: chunked framing with no
 length, the worker's events byte for byte in order, the client's kept-alive connection serving
-the next request after a stream, and the cached tokens read from the stream's tail."""
+the next request after a stream, and the cached tokens read from the stream's tail; and
+OpenAI's own client streaming through it from sim workers."""
 from __future__ import annotations
 
 import socket
 
+import openai
 from fastapi.responses import StreamingResponse
 
 from radixkv.server.launch import ServerThread
-from tests.gateway.test_route import MODEL, gateway, gw_metric, worker_app
+from tests.gateway.test_route import MODEL, fleet, gateway, gw_metric, worker_app
 
 EVENTS = [b'data: {"choices": [{"text": "%d"}]}\n\n' % i for i in range(40)] + [
     b'data: {"choices": [], "usage": {"prompt_tokens_details": {"cached_tokens": 17}}}\n\n',
@@ -63,4 +65,21 @@ def test_a_stream_is_chunked_byte_for_byte_and_the_connection_serves_the_next_re
             assert head.startswith(b"http/1.1 200") and b"transfer-encoding: chunked" in head
             assert b"content-length" not in head and b"text/event-stream" in head
         assert gw_metric(url, "radixkv_route_reported_cached_tokens_total") == 34
+        assert not gw.relays and not gw.routing.inflight.infos
+
+
+def test_openais_client_streams_chat_and_completions_through_the_gateway():
+    with fleet(1, events=False) as ws, gateway([ws[0][0]], "round-robin") as (url, gw):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=30)
+        chat = list(client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=12,
+            stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+        texts = list(client.completions.create(
+            model=MODEL, prompt="hello there", max_tokens=7, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+        assert [c.choices[0].finish_reason for c in chat if c.choices][-1] == "length"
+        assert sum(1 for c in chat if c.choices and c.choices[0].delta.content) == 12
+        assert chat[-1].usage.completion_tokens == 12
+        assert sum(1 for c in texts if c.choices and c.choices[0].text) == 7
+        assert texts[-1].usage.completion_tokens == 7
         assert not gw.relays and not gw.routing.inflight.infos

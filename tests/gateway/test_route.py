@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixkv.cli import main
 from radixkv.gateway.core import EventSource, Routing
-from radixkv.gateway.proxy import Gateway, build_gateway_app, has_content
+from radixkv.gateway.bridge import has_content
+from radixkv.gateway.proxy import Gateway, build_gateway_app
 from radixkv.gateway.workers import load_figures
 from radixkv.gateway.tokens import Tokens
 from radixkv.kvevents.publisher import KVEventsConfig
