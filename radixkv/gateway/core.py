@@ -123,11 +123,15 @@ class Routing:
         left."""
         with self.lock:
             i = self.choose(info, exclude)
-            if i is None:
-                return None
+            return None if i is None else (i, self.workers[i], self.record(i, info))
+
+    def record(self, i: int, info: RequestInfo) -> int:
+        """`info` went to worker i (`choose` chose it, with nothing routed in between): the
+        prompt tokens predicted held there."""
+        with self.lock:
             predicted = self.predicted(i, info)
             self.sent(i, info)
-            return i, self.workers[i], predicted
+            return predicted
 
     def predicted(self, i: int, info: RequestInfo) -> int:
         """The prompt tokens worker i holds by what the gateway knows (its events, or what it

@@ -194,19 +194,27 @@ class Gateway:
         retries = 0
         while True:
             t0 = time.perf_counter()
-            placed = (self.routing.place(info, frozenset(tried)) if len(tokens) <= INLINE_TOKENS
-                      else await asyncio.to_thread(self.routing.place, info, frozenset(tried)))
+            if len(tokens) <= INLINE_TOKENS:
+                i = self.routing.choose(info, frozenset(tried))
+                w = None if i is None else self.routing.workers[i]
+            else:
+                placed = await asyncio.to_thread(self.routing.place, info, frozenset(tried))
+                i, w, predicted = placed or (None, None, 0)
             self.metrics.decision.observe(time.perf_counter() - t0)
-            if placed is None:
+            if w is None:
                 self.metrics.errors.labels("no_worker").inc()
                 return _error(503, "no healthy worker could take the request")
-            i, w, predicted = placed
+            # on a kept-alive connection the request is written now: what the gateway records
+            # of it, the worker reads meanwhile (nothing else is routed in between)
+            sending = self.upstream.post(f"{w.url}{path}", content, headers)
+            if len(tokens) <= INLINE_TOKENS:
+                predicted = self.routing.record(i, info)
             self.metrics.predicted.inc(min(predicted, len(tokens) - 1))
             log.debug("%s: %d prompt tokens to %s (%d held there)", info.rid, len(tokens), w.url,
                       predicted)
             self.metrics.requests.labels(w.url).inc()
             try:
-                resp = await self.upstream.post(f"{w.url}{path}", content, headers)
+                resp = await sending
                 failed = f"HTTP {resp.status}"
             except WORKER_ERRORS as e:
                 resp, failed = None, type(e).__name__

@@ -38,8 +38,11 @@ class Tokens:
             if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
                 return prompt
             if self.tok is not None and isinstance(prompt, str):
-                return await _local(len(prompt), self.tok.encode, prompt,
-                                    self.tok.bos_id is not None)
+                try:
+                    return await _local(len(prompt), self.tok.encode, prompt,
+                                        self.tok.bos_id is not None)
+                except (TypeError, UnicodeEncodeError):  # a lone surrogate: the worker words
+                    pass                                  # the refusal (a 400)
             return await self._remote(session, worker, "/tokenize",
                                       {"model": body.get("model"), "prompt": prompt})
         messages = body.get("messages")

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -220,11 +221,13 @@ class Upstream:
         self.read_timeout = read_timeout
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Reply:
-        """POST `body` to `url` (http:// or https://); the reply once its headers came."""
+    def post(self, url: str, body: bytes, headers: dict[str, str]) -> Coroutine[Any, Any, Reply]:
+        """POST `body` to `url` (http:// or https://); await the result for the reply once its
+        headers came. On a kept-alive connection the request is written before this returns,
+        so the caller's work until it awaits overlaps the worker's reading it."""
         u = urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
-            raise WorkerClosed(f"not an http(s) URL: {url!r}")
+            return _raise(WorkerClosed(f"not an http(s) URL: {url!r}"))
         port = u.port or (443 if u.scheme == "https" else 80)
         key = (u.scheme, u.hostname, port)
         target = (u.path or "/") + (f"?{u.query}" if u.query else "")
@@ -234,23 +237,27 @@ class Upstream:
         pool = self._idle.setdefault(key, [])
         while pool:                                   # a kept-alive connection, newest first
             conn = pool.pop()
-            if conn.lost or conn.transport.is_closing():
-                continue
-            try:
-                return await self._send(conn, request)
-            except WorkerClosed:
-                if conn.received:
-                    raise
-                break                                 # closed while idle: once more, afresh
-        return await self._send(await self._connect(key, pool), request)
+            if not (conn.lost or conn.transport.is_closing()):
+                return self._reply(conn, conn.send(request), (key, pool, request))
+        return self._fresh(key, pool, request)
 
-    @staticmethod
-    async def _send(conn: _Conn, request: bytes) -> Reply:
+    async def _fresh(self, key: tuple[str, str, int], pool: list[_Conn], request: bytes) -> Reply:
+        conn = await self._connect(key, pool)
+        return await self._reply(conn, conn.send(request))
+
+    async def _reply(self, conn: _Conn, head: asyncio.Future, again: tuple | None = None
+                     ) -> Reply:
+        """The reply `head` resolves to; `again`: (key, pool, request) to send once more on a
+        fresh connection when this pooled one turns out closed while idle."""
         try:
-            return await conn.send(request)
+            return await head
+        except WorkerClosed:
+            if again is None or conn.received:
+                raise
         except asyncio.CancelledError:                # nobody waits for it: the worker aborts
             conn.abort()
             raise
+        return await self._fresh(*again)
 
     async def _connect(self, key: tuple[str, str, int], pool: list[_Conn]) -> _Conn:
         scheme, host, port = key
@@ -266,3 +273,7 @@ class Upstream:
             for conn in list(pool):
                 conn.abort()
             pool.clear()
+
+
+async def _raise(error: BaseException) -> Reply:
+    raise error

@@ -38,6 +38,25 @@ def byte_level_alphabet() -> list[str]:
     return out
 
 
+def plain_bytes_specials(spec: dict) -> tuple[str, ...] | None:
+    """For a tokenizer.json (parsed) that encodes text as its UTF-8 bytes, ids equal to the byte
+    values (a byte-level BPE with no merges over this alphabet, nothing normalised or split):
+    its added tokens' texts, which it encodes apart wherever they occur. Else None."""
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    if model.get("type") != "BPE" or model.get("merges") or model.get("dropout") \
+            or model.get("byte_fallback") or spec.get("normalizer") is not None \
+            or pre.get("type") != "ByteLevel" or pre.get("use_regex", True) \
+            or pre.get("add_prefix_space"):
+        return None
+    vocab = model.get("vocab") or {}
+    if any(vocab.get(ch) != b for b, ch in enumerate(byte_level_alphabet())):
+        return None
+    added = spec.get("added_tokens") or []
+    if any(not isinstance(t.get("content"), str) or not t["content"] for t in added):
+        return None
+    return tuple(t["content"] for t in added)
+
+
 def write_tokenizer_dir(out: str | Path, vocab_size: int, max_model_len: int) -> Path:
     """Write the byte tokenizer of a model with `vocab_size` ids to directory `out`."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors

@@ -146,6 +146,23 @@ def test_text_and_chat_are_tokenized_by_the_workers_or_a_local_tokenizer(tmp_pat
         assert sum(done(ws)) == 16
 
 
+def test_regression_a_lone_surrogate_with_a_local_tokenizer_gets_the_workers_400(tmp_path):
+    # was a 500: the local tokenizer raised on text that is not UTF-8
+    out = tmp_path / "tok"
+    assert main(["tokenizer", str(out), "--model", MODEL]) == 0
+    h = {"content-type": "application/json"}
+    with fleet(1, events=False) as ws:
+        with gateway([u for u, _ in ws], "round-robin", tokenizer=str(out)) as (url, gw):
+            for path, body in (("/v1/completions", b'{"prompt": "a\\ud800", "max_tokens": 1}'),
+                               ("/v1/chat/completions", b'{"messages": [{"role": "user", '
+                                                        b'"content": "\\ud800"}], "max_tokens": 1}')):
+                r = httpx.post(url + path, content=body, headers=h, timeout=30)
+                direct = httpx.post(ws[0][0] + path, content=body, headers=h, timeout=30)
+                assert (r.status_code, r.json()) == (400, direct.json())
+                assert "lone surrogate" in r.json()["error"]["message"]
+        assert done(ws) == [0]
+
+
 def test_a_refusing_worker_is_retried_once_and_a_4xx_comes_back_unchanged():
     with fleet(1, events=False) as ws:
         dead = "http://127.0.0.1:9"                      # nothing listens on the discard port

@@ -79,6 +79,25 @@ def test_kept_alive_connection_serves_the_next_request_and_bodies_are_exact():
     assert connections == 1 and bodies == [b"one", b"two" * 1000, b""]
 
 
+def test_on_a_kept_alive_connection_the_request_is_written_before_the_caller_awaits():
+    # the gateway records a routed request between post and await: the worker reads it meanwhile
+    async def main():
+        async with Server(echo_keep_alive) as srv:
+            up = Upstream(5.0)
+            await (await up.post(srv.url, b"first", {})).read()   # a connection to keep alive
+            sending = up.post(srv.url, b"second", {})
+            for _ in range(200):                      # the loop runs; `sending` is not awaited
+                if len(srv.bodies) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            got_before = list(srv.bodies)
+            reply_ = await sending
+            body = await reply_.read()
+            up.close()
+            return got_before, body, srv.connections
+    assert run(main()) == ([b"first", b"second"], b"got second", 1)
+
+
 def test_a_connection_the_worker_closed_while_idle_is_replaced_once_transparently():
     async def script(srv, reader, writer, n):
         body = await read_request(reader)

@@ -3,15 +3,17 @@ exactly as the server's byte tokenizer does (checked through the `tokenizers` li
 transformers' AutoTokenizer, against random text), for a byte-sized and a large vocabulary."""
 from __future__ import annotations
 
+import copy
+import functools
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from radixkv.cli import main
 from radixkv.model.tokenizer import ByteTokenizer, HFTokenizer
-from radixkv.model.tokenizer_files import byte_level_alphabet
+from radixkv.model.tokenizer_files import byte_level_alphabet, plain_bytes_specials
 from radixkv.server.text import ChatTemplate
 
 
@@ -37,10 +39,58 @@ def test_the_files_and_their_special_tokens(exported):
 @given(text=st.text(max_size=60))
 def test_encode_and_decode_agree_with_the_server(exported, text):
     out, bt = exported
-    hf = HFTokenizer(out)
+    hf = loaded(out)
+    assume(not any(t in text for t in ("<bos>", "<eos>", "<pad>")))   # see the test below
     assert hf.encode(text, add_bos=True) == bt.encode(text, add_bos=True)
     ids = bt.encode(text)
     assert hf.decode(ids) == bt.decode(ids) == text
+
+
+def test_a_special_tokens_text_is_its_id_to_tokenizers_and_bytes_to_the_server(exported):
+    # a known difference: every client loading the directory splits added tokens out of text
+    out, bt = exported
+    assert loaded(out).encode("a<eos>") == [97, 257]
+    assert bt.encode("a<eos>") == [97, 60, 101, 111, 115, 62]
+
+
+@functools.cache
+def loaded(out) -> HFTokenizer:
+    return HFTokenizer(out)
+
+
+SPECIAL_OR_TEXT = st.lists(st.one_of(st.text(max_size=6), st.sampled_from(
+    ["<bos>", "<eos>", "<pad>", "<bo", "s>", "<|reserved_300|>"]))).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=SPECIAL_OR_TEXT)
+def test_the_byte_shortcut_encodes_exactly_as_tokenizers_does(exported, text):
+    # text without an added token's string is its UTF-8 bytes; with one, tokenizers encodes it
+    out, _ = exported
+    hf = loaded(out)
+    assert hf._specials == ("<bos>", "<eos>", "<pad>")
+    want = hf._tok.encode(text, add_special_tokens=False).ids
+    assert hf.encode(text) == want and hf.count(text) == len(want)
+    assert hf.encode(text, add_bos=True) == [256, *want]
+
+
+def test_only_a_plain_byte_vocabulary_takes_the_shortcut(exported):
+    out, _ = exported
+    spec = json.loads((out / "tokenizer.json").read_text())
+    assert plain_bytes_specials(spec) == ("<bos>", "<eos>", "<pad>")
+    a, b = byte_level_alphabet()[ord("a")], byte_level_alphabet()[ord("b")]
+
+    def changed(edit) -> tuple | None:
+        s = copy.deepcopy(spec)
+        edit(s)
+        return plain_bytes_specials(s)
+    assert changed(lambda s: s["model"].update(merges=[[a, b]])) is None      # merges pairs
+    assert changed(lambda s: s.update(normalizer={"type": "NFC"})) is None
+    assert changed(lambda s: s["pre_tokenizer"].update(use_regex=True)) is None
+    assert changed(lambda s: s["model"]["vocab"].update({a: 300})) is None   # ids not bytes
+    assert changed(lambda s: s["model"].update(type="WordPiece")) is None
+    with pytest.raises(TypeError):               # a lone surrogate: refused as before
+        loaded(out).encode("x\udc80")
 
 
 def test_transformers_loads_it_and_renders_the_servers_chat(exported):
