@@ -192,23 +192,30 @@ class Gateway:
         headers["content-type"] = "application/json"
         tried: set[int] = set()
         retries = 0
+        send = lambda w: self.upstream.post(f"{w.url}{path}", content, headers)  # noqa: E731
         while True:
             t0 = time.perf_counter()
-            if len(tokens) <= INLINE_TOKENS:
-                i = self.routing.choose(info, frozenset(tried))
-                w = None if i is None else self.routing.workers[i]
-            else:
+            if len(tokens) > INLINE_TOKENS:
                 placed = await asyncio.to_thread(self.routing.place, info, frozenset(tried))
-                i, w, predicted = placed or (None, None, 0)
-            self.metrics.decision.observe(time.perf_counter() - t0)
-            if w is None:
+                decided = time.perf_counter()
+                if placed is not None:
+                    i, w, predicted = placed
+                    sending = send(w)
+            else:
+                # one hold of the lock, so no event batch or other request comes between the
+                # choice and its record; on a kept-alive connection the request is written in
+                # between, and the worker reads it while the gateway records it
+                with self.routing.lock:
+                    placed = i = self.routing.choose(info, frozenset(tried))
+                    decided = time.perf_counter()
+                    if i is not None:
+                        w = self.routing.workers[i]
+                        sending = send(w)
+                        predicted = self.routing.record(i, info)
+            self.metrics.decision.observe(decided - t0)
+            if placed is None:
                 self.metrics.errors.labels("no_worker").inc()
                 return _error(503, "no healthy worker could take the request")
-            # on a kept-alive connection the request is written now: what the gateway records
-            # of it, the worker reads meanwhile (nothing else is routed in between)
-            sending = self.upstream.post(f"{w.url}{path}", content, headers)
-            if len(tokens) <= INLINE_TOKENS:
-                predicted = self.routing.record(i, info)
             self.metrics.predicted.inc(min(predicted, len(tokens) - 1))
             log.debug("%s: %d prompt tokens to %s (%d held there)", info.rid, len(tokens), w.url,
                       predicted)
