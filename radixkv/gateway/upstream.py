@@ -1,8 +1,9 @@
 """The generation requests' way to a worker: an HTTP/1.1 client of asyncio protocols, httptools'
 parser and a pool of kept-alive connections per worker.
 
-`Upstream.post` sends a request and returns its `Reply` once the status and headers came (or
-raises a worker error: refused, reset, timed out, not HTTP). Its body is then either read
+`Upstream.post` sends a request (written at once on a kept-alive connection) and gives an
+awaitable of its `Reply` once the status and headers came (or a worker error: refused, reset,
+timed out, not HTTP). Its body is then either read
 whole (`read`) or handed, piece by piece as the socket delivers it, to a callback
 (`stream`): the callback runs in the protocol's own `data_received`, so a streamed event costs
 no task wake-up, reader or queue on its way through (gateway/bridge.py writes it to the

@@ -14,47 +14,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from radixkv.model.tokenizer import ByteTokenizer
+from radixkv.model.tokenizer import ByteTokenizer, byte_level_alphabet
 
 # the server's plain template (server/text.py), written for Hugging Face's renderer
 PLAIN_CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n"
                        "{{ message['content'] }}\n{% endfor %}"
                        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 SPECIALS = ("<bos>", "<eos>", "<pad>")
-
-
-def byte_level_alphabet() -> list[str]:
-    """The character standing for each byte 0..255 in a byte-level vocabulary (GPT-2's table:
-    printable bytes stand for themselves, the rest are shifted past U+0100)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + \
-        list(range(0xAE, 0x100))
-    shifted, out = 0, []
-    for b in range(256):
-        if b in keep:
-            out.append(chr(b))
-        else:
-            out.append(chr(256 + shifted))
-            shifted += 1
-    return out
-
-
-def plain_bytes_specials(spec: dict) -> tuple[str, ...] | None:
-    """For a tokenizer.json (parsed) that encodes text as its UTF-8 bytes, ids equal to the byte
-    values (a byte-level BPE with no merges over this alphabet, nothing normalised or split):
-    its added tokens' texts, which it encodes apart wherever they occur. Else None."""
-    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
-    if model.get("type") != "BPE" or model.get("merges") or model.get("dropout") \
-            or model.get("byte_fallback") or spec.get("normalizer") is not None \
-            or pre.get("type") != "ByteLevel" or pre.get("use_regex", True) \
-            or pre.get("add_prefix_space"):
-        return None
-    vocab = model.get("vocab") or {}
-    if any(vocab.get(ch) != b for b, ch in enumerate(byte_level_alphabet())):
-        return None
-    added = spec.get("added_tokens") or []
-    if any(not isinstance(t.get("content"), str) or not t["content"] for t in added):
-        return None
-    return tuple(t["content"] for t in added)
 
 
 def write_tokenizer_dir(out: str | Path, vocab_size: int, max_model_len: int) -> Path:
