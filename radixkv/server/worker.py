@@ -8,8 +8,9 @@ touches the engine, its cache or its pool happens on this thread, between steps.
 Time: the engine's clock is seconds since the worker started. Before each step it is moved up
 to the wall clock (arrivals are stamped with the wall clock when submitted); a real executor's
 step then advances it by the measured duration. With `pace` (the simulated GPU) the thread
-sleeps until the wall clock reaches the simulated step's end, so a client sees the cost
-model's latencies.
+sleeps until the wall clock reaches the simulated step's end before it hands out the step's
+tokens and KV events, so a client sees the cost model's latencies: a prefill's first token
+comes after the prefill, not as it starts.
 
 Failure: an exception on the engine thread (a bug, or one injected with `inject_failure` or
 `fault_after_steps`) ends the thread. Every request in flight is taken out of the engine (its
@@ -142,12 +143,12 @@ class EngineWorker:
                 eng.now = max(eng.now, self.now())
                 evicted, retracted = eng.manager.evicted_tokens, eng.sched.counters.retractions
                 stuck = not eng.step()
-                self._after_step(eng.manager.evicted_tokens - evicted,
-                                 eng.sched.counters.retractions - retracted)
-                if self.pace:
+                if self.pace:        # a step's tokens and events exist at its end, not its start
                     ahead = eng.now - self.now()
                     if ahead > 0:
                         time.sleep(ahead)
+                self._after_step(eng.manager.evicted_tokens - evicted,
+                                 eng.sched.counters.retractions - retracted)
         except BaseException as e:                  # a bug: fail loudly, never hang clients
             self.error = f"engine failure: {type(e).__name__}: {e}"
             self._close_all("error")
