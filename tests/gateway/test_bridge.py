@@ -10,7 +10,7 @@ import openai
 from fastapi.responses import StreamingResponse
 
 from radixkv.server.launch import ServerThread
-from tests.gateway.test_route import MODEL, fleet, gateway, gw_metric, worker_app
+from tests.gateway.test_route import MODEL, fleet, gateway, gw_metric, released, worker_app
 
 EVENTS = [b'data: {"choices": [{"text": "%d"}]}\n\n' % i for i in range(40)] + [
     b'data: {"choices": [], "usage": {"prompt_tokens_details": {"cached_tokens": 17}}}\n\n',
@@ -65,7 +65,7 @@ def test_a_stream_is_chunked_byte_for_byte_and_the_connection_serves_the_next_re
             assert head.startswith(b"http/1.1 200") and b"transfer-encoding: chunked" in head
             assert b"content-length" not in head and b"text/event-stream" in head
         assert gw_metric(url, "radixkv_route_reported_cached_tokens_total") == 34
-        assert not gw.relays and not gw.routing.inflight.infos
+        released(gw)
 
 
 def test_openais_client_streams_chat_and_completions_through_the_gateway():
@@ -82,4 +82,4 @@ def test_openais_client_streams_chat_and_completions_through_the_gateway():
         assert chat[-1].usage.completion_tokens == 12
         assert sum(1 for c in texts if c.choices and c.choices[0].text) == 7
         assert texts[-1].usage.completion_tokens == 7
-        assert not gw.relays and not gw.routing.inflight.infos
+        released(gw)

@@ -56,6 +56,17 @@ def done(ws) -> list[int]:
     return [int(metric(u, "vllm:request_success_total")) for u, _ in ws]
 
 
+def released(gw, limit: float = 5.0) -> None:
+    """Wait until the gateway holds nothing of the streams it relayed: a client has the whole
+    stream once the worker's last bytes are written to it, a turn of the gateway's loop before
+    the relay ends and its request is forgotten."""
+    deadline = time.monotonic() + limit
+    while gw.relays or gw.routing.inflight.infos:
+        assert time.monotonic() < deadline, (f"the gateway still holds {len(gw.relays)} relays "
+                                             f"and {len(gw.routing.inflight.infos)} requests")
+        time.sleep(0.01)
+
+
 def gw_metric(url: str, name: str) -> float:
     for line in httpx.get(f"{url}/metrics").text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
