@@ -1,7 +1,8 @@
-"""The profiled simulator against the real CPU engine on every generated workload and on a
+"""The profiled simulator against the real engine on every generated workload and on a
 replayed trace: `radixkv validate`'s relative errors in one table.
 
-One profile (`--profile`, else `radixkv calibrate --model tiny-llama --device cpu` first), then
+One profile (`--profile`, else `radixkv calibrate --model M --device D` first: tiny-llama on
+the CPU unless `--model` / `--device` say otherwise), then
 one `radixkv validate` process per workload at its CPU-sized defaults, and the Mooncake
 synthetic trace (skipped when absent) scaled to the CPU: its first `--trace-limit` requests
 with every hash block standing for 512 / `--trace-scale` tokens (the same reuse structure, every
@@ -51,12 +52,19 @@ def scaled_trace(src: Path, dst: Path, limit: int, scale: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", type=Path, help="a tiny-llama CPU profile (default: calibrate)")
+    ap.add_argument("--profile", type=Path, help="a profile of --model (default: calibrate)")
+    ap.add_argument("--model", default="tiny-llama", help="named shape (default: tiny-llama)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    ap.add_argument("--attention", help="attention backend (default: the device's)")
+    ap.add_argument("--trace", type=Path, default=MOONCAKE,
+                    help="the hash-id trace replayed as `mooncake` (default: the shared copy)")
     ap.add_argument("--cpu", type=int, help="pin to this CPU (default: not pinned)")
     ap.add_argument("--repeats", type=int, default=1, help="validate runs per workload")
     ap.add_argument("--calibrate-each", action="store_true",
                     help="a fresh profile right before each workload's validate (a machine "
                          "whose speed drifts over minutes)")
+    ap.add_argument("--no-speed-check", action="store_true",
+                    help="validate without --speed-check (a dedicated device does not drift)")
     ap.add_argument("--trace-limit", type=int, default=150)
     ap.add_argument("--trace-scale", type=int, default=32)
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS) + ["mooncake"])
@@ -68,7 +76,8 @@ def main() -> None:
 
     def calibrate(name: str) -> Path:
         out = tmp / f"profile_{name}.json"
-        radixkv("calibrate", "--model", "tiny-llama", "--device", "cpu", "--out", str(out))
+        radixkv("calibrate", "--model", args.model, "--device", args.device, "--out", str(out),
+                *(["--attention", args.attention] if args.attention else []))
         held = json.loads(out.read_text()).get("correction") or {}
         print(f"profile {out}; held-out mixed batches: {held.get('held_out')}", flush=True)
         return out
@@ -79,20 +88,22 @@ def main() -> None:
     for w in args.workloads:
         target, extra = w, []
         if w == "mooncake":
-            if not MOONCAKE.is_file():
+            if not args.trace.is_file():
                 print("mooncake: trace absent, skipped")
                 continue
             target = str(tmp / f"mooncake_{args.trace_limit}_div{args.trace_scale}.jsonl")
-            scaled_trace(MOONCAKE, Path(target), args.trace_limit, args.trace_scale)
+            scaled_trace(args.trace, Path(target), args.trace_limit, args.trace_scale)
             extra = ["--trace-block-size", str(512 // args.trace_scale), "--vocab-size", "259"]
         for r in range(args.repeats):
             if args.calibrate_each:
                 prof = calibrate(f"{w}_{r}")
             out = tmp / f"{w}_{r}.json"
-            radixkv("validate", "--model", "tiny-llama", "--profile", str(prof), target, *extra,
-                    "--speed-check", "--json", str(out))
+            radixkv("validate", "--model", args.model, "--profile", str(prof), target, *extra,
+                    *([] if args.no_speed_check else ["--speed-check"]), "--json", str(out))
             doc = json.loads(out.read_text())
             for key, label in (("metrics", "as profiled"), ("metrics_at_speed", "at the speed")):
+                if key not in doc:
+                    continue
                 m = doc[key]
                 errs = {k: m[k]["relative_error"] for k in METRICS}
                 worst = max(METRICS[:-1], key=lambda k: abs(errs[k]))

@@ -109,3 +109,46 @@ def test_gpu_check_fails_fast_without_cuda(capsys):
         pytest.skip("a CUDA device is present")
     assert load_script("gpu_check").main(["--device", "cuda"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_device_steps_dry_run_times_every_point_with_both_backends(tmp_path):
+    out = tmp_path / "steps.json"
+    mod = load_script("bench_device_steps")
+    assert mod.main(["measure", "--dry-run", "--reps", "1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    pts = doc["points"]
+    shapes = {(p["kind"], tuple(p["shape"])) for p in pts}
+    assert len(pts) == 2 * len(shapes) == 2 * 12 and doc["model"] == "tiny-llama"
+    assert {p["backend"] for p in pts} == {"paged", "sdpa"}
+    assert all("error" not in p and p["ms"] > 0 and len(p["runs_ms"]) == 1 for p in pts)
+    assert ("prefill", (4, 8, 64)) in shapes and ("decode", (8, 64)) in shapes
+
+
+def test_device_steps_compare_divides_by_the_vllm_table(tmp_path, capsys):
+    pytest.importorskip("aiconfigurator_core")
+    mod = load_script("bench_device_steps")
+    pts = [{"backend": "sdpa", "kind": "decode", "shape": [8, 4096], "ms": 12.0, "graph_ms": 6.0},
+           {"backend": "paged", "kind": "decode", "shape": [8, 4096],
+            "error": "OutOfMemoryError: CUDA out of memory"}]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"model": "llama-3-8b", "dtype": "bfloat16", "device": "x",
+                                "torch": "t", "points": pts}))
+    assert mod.main(["compare", str(path)]) == 0
+    out = capsys.readouterr().out
+    from aiconfigurator_core.sdk import EngineHandle
+    from radixkv.sim.tables import AIC_MODELS, AIC_SYSTEMS, AIC_VERSIONS
+    system = AIC_SYSTEMS["h200"]
+    eng = EngineHandle.compile(AIC_MODELS["llama-3-8b"], system, "vllm",
+                               backend_version=AIC_VERSIONS["vllm"][system], tp_size=1)
+    ref = float(eng.decode_step_latency(8, 4096, 2))
+    assert (f"| decode 8 x 4,096 | {ref:.1f} | OutOfMemoryError: CUDA out of memory | – | – | – "
+            f"| 12.0 | {12 / ref:.2f} | 6.0 | {6 / ref:.2f} |") in out
+    assert f"| sdpa | decode | 1 | {12 / ref:.2f} | {12 / ref:.2f} |" in out
+
+
+def test_device_steps_fails_fast_without_cuda(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    out = tmp_path / "steps.json"
+    assert load_script("bench_device_steps").main(["measure", "--out", str(out)]) == 2
+    assert "no CUDA device is available" in capsys.readouterr().err and not out.exists()

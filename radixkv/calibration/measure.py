@@ -54,6 +54,7 @@ class Grid:
     repeats: int = 15
     repeat_budget_s: float = 0.5         # no further timed runs once these add up to this
     seed: int = 0
+    max_slots: int = 0                   # > 0: points needing a larger KV pool are left out
 
     def __post_init__(self):
         for name in ("new", "prefix", "prefill_batch", "decode_batch", "context"):
@@ -68,6 +69,9 @@ class Grid:
             raise ValueError(f"calibration grid: repeat_budget_s must be > 0, got "
                              f"{self.repeat_budget_s!r}")
         positive_int(self.repeats, "calibration grid: repeats")
+        if not (isinstance(self.max_slots, int) and self.max_slots >= 0):
+            raise ValueError(f"calibration grid: max_slots must be an int >= 0, got "
+                             f"{self.max_slots!r}")
 
     @classmethod
     def for_device(cls, device: torch.device) -> "Grid":
@@ -99,6 +103,10 @@ class Grid:
             if fits:
                 ctxs = rng.integers(min(self.context), max(fits) + 1, b)
                 out.append(((), tuple(int(c) for c in ctxs)))
+        if self.max_slots:
+            out = [pt for pt in out if pool_slots([pt]) <= self.max_slots]
+        if not out:
+            raise ValueError(f"calibration grid: no point fits a KV pool of {self.max_slots:,} slots")
         return out
 
     def as_dict(self) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +49,16 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats is not None:
         grid = Grid(**{**grid.__dict__, "repeats": positive_int(args.repeats, "--repeats"),
                        "seed": args.seed})
-    slots = pool_slots(grid.points())
+    con = console()
+    slots, room = pool_slots(grid.points()), target.kv_room()
+    if slots > room:            # the grid's largest steps do not fit beside the weights
+        every = len(grid.points())
+        grid = replace(grid, max_slots=room)
+        slots = pool_slots(grid.points())
+        con.print(f"{every - len(grid.points())} of {every} grid steps need a KV pool over the "
+                  f"{room:,} tokens that fit beside the weights: left out", highlight=False)
     target.check_kv_memory(slots)
     ex = target.executor(slots, seed=args.seed, attention=args.attention)
-    con = console()
     t0 = time.perf_counter()
     with con.status(f"timing {ex.name} ({ex.attention.name})") as status:
         prof = calibrate(ex, grid, progress=lambda i, n: status.update(

@@ -27,8 +27,19 @@ class TorchTarget(NamedTuple):
     def kv_bytes_per_token(self) -> int:
         return self.args.kv_bytes_per_token(self.dtype.itemsize)
 
+    @property
+    def weight_bytes(self) -> int:
+        return self.args.num_params * self.dtype.itemsize
+
     def check_kv_memory(self, slots: int) -> None:
         check_kv_memory(self.args, slots, self.kv_bytes_per_token, self.device, self.dtype)
+
+    def kv_room(self, reserve: float = 0.1) -> int:
+        """KV tokens the device holds beside the weights, keeping `reserve` of what is free
+        (at least 4 GiB on CUDA) for a step's activations."""
+        have, _ = device_memory(self.device)
+        keep = max(4 << 30, int(reserve * have)) if self.device.type == "cuda" else int(reserve * have)
+        return max(0, (have - keep - self.weight_bytes) // self.kv_bytes_per_token)
 
     def executor(self, slots: int, **options):
         """The TorchExecutor over a pool of `slots`, on this device, dtype and threads."""
@@ -91,11 +102,14 @@ def device_name(dev) -> str:
 
 
 def check_kv_memory(margs: ModelArgs, slots: int, bytes_per_token: int, dev, dtype) -> None:
-    """Refuse a KV pool the device cannot hold, before anything is allocated."""
+    """Refuse a KV pool the device cannot hold beside the model's weights, before anything is
+    allocated."""
     need = slots * bytes_per_token
+    weights = margs.num_params * dtype.itemsize
     have, where = device_memory(dev)
-    if need > have:
+    if need + weights > have:
         raise ValueError(f"--max-total-tokens {slots:,}: a KV pool of {slots:,} tokens at "
                          f"{bytes_per_token:,} bytes per token ({margs.name}, "
-                         f"{str(dtype).removeprefix('torch.')}) needs {need / 2**30:,.1f} GiB; "
-                         f"{where} has {have / 2**30:,.1f} GiB available")
+                         f"{str(dtype).removeprefix('torch.')}) needs {need / 2**30:,.1f} GiB "
+                         f"beside {weights / 2**30:,.1f} GiB of weights; {where} has "
+                         f"{have / 2**30:,.1f} GiB available")

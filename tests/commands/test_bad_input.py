@@ -159,8 +159,19 @@ def test_generate_checks_the_torch_kv_pool_against_memory(capsys, monkeypatch):
     # tiny-llama in float32: 2 layers x 2 (K, V) x 2 heads x 64 dims x 4 bytes = 2,048 B/token
     fails(capsys, *GENERATE, "--workload", "support", "--max-total-tokens", "1000000",
           line="radixkv generate: error: --max-total-tokens 1,000,000: a KV pool of 1,000,000 "
-               "tokens at 2,048 bytes per token (tiny-llama, float32) needs 1.9 GiB; this "
-               "machine has 1.0 GiB available")
+               "tokens at 2,048 bytes per token (tiny-llama, float32) needs 1.9 GiB beside "
+               "0.0 GiB of weights; this machine has 1.0 GiB available")
+
+
+def test_the_kv_pool_check_counts_the_weights(capsys, monkeypatch):
+    # 4 GiB of KV fits in 20 GiB alone; llama-3-8b's float32 weights (29.9 GiB) do not fit
+    # beside it, and the check used to let the pool through to fail at allocation
+    with_memory(monkeypatch, 20)
+    fails(capsys, *GENERATE, "--model", "llama-3-8b", "--workload", "support",
+          "--max-total-tokens", "16384",
+          line="radixkv generate: error: --max-total-tokens 16,384: a KV pool of 16,384 tokens "
+               "at 262,144 bytes per token (llama-3-8b, float32) needs 4.0 GiB beside 29.9 GiB "
+               "of weights; this machine has 20.0 GiB available")
 
 
 @pytest.mark.parametrize("argv, line", [

@@ -111,3 +111,46 @@ def test_one_line_errors(profile, tmp_path, capsys, argv, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"radixkv {argv[0]}: error:") and needle in err
+
+
+def test_grid_max_slots_leaves_out_exactly_the_steps_that_need_more():
+    from radixkv.calibration.measure import Grid, pool_slots
+    every = Grid(**SMALL).points()
+    kept = Grid(**SMALL, max_slots=3000).points()
+    assert kept == [pt for pt in every if pool_slots([pt]) <= 3000]
+    assert len(kept) < len(every) and pool_slots(kept) <= 3000
+    with pytest.raises(ValueError, match="calibration grid: max_slots must be an int >= 0, got -1"):
+        Grid(max_slots=-1)
+    with pytest.raises(ValueError, match="no point fits a KV pool of 4 slots"):
+        Grid(**SMALL, max_slots=4).points()
+
+
+def test_kv_room_keeps_the_weights_and_a_reserve(monkeypatch):
+    import torch
+
+    import radixkv.model.setup as setup
+    t = setup.TorchTarget("llama-3-8b", setup.model_args("llama-3-8b"), torch.device("cuda"),
+                          torch.bfloat16, 1)
+    monkeypatch.setattr(setup, "device_memory", lambda dev: (140 * 2**30, "an H200"))
+    # 140 GiB free - 14 GiB reserve - 2 x 8,030,261,248 bytes of weights, at 131,072 B/token
+    assert t.weight_bytes == 2 * 8_030_261_248
+    assert t.kv_room() == (126 * 2**30 - 2 * 8_030_261_248) // 131_072
+    # the CUDA grid's largest decode (256 x 4,096 disjoint contexts) does not fit beside them
+    from radixkv.calibration.measure import Grid, pool_slots
+    assert pool_slots(Grid.for_device(torch.device("cuda")).points()) > t.kv_room()
+
+
+def test_calibrate_leaves_out_steps_that_do_not_fit(tmp_path, monkeypatch, capsys):
+    import radixkv.model.setup as setup
+    from radixkv.calibration.measure import Grid, pool_slots
+    monkeypatch.setattr(Grid, "for_device", classmethod(lambda cls, device: cls(**SMALL)))
+    monkeypatch.setattr(setup.TorchTarget, "kv_room", lambda self, reserve=0.1: 3000)
+    path = tmp_path / "p.json"
+    assert main(["calibrate", "--model", "tiny-llama", "--device", "cpu", "--repeats", "1",
+                 "--out", str(path)]) == 0
+    every, kept = Grid(**SMALL).points(), Grid(**SMALL, max_slots=3000).points()
+    assert (f"{len(every) - len(kept)} of {len(every)} grid steps need a KV pool over the 3,000 "
+            f"tokens that fit beside the weights: left out") in capsys.readouterr().out
+    doc = json.loads(path.read_text())
+    assert doc["grid"]["max_slots"] == 3000 and len(doc["samples"]) == len(kept)
+    assert pool_slots(kept) <= 3000
