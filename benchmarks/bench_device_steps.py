@@ -61,6 +61,13 @@ def slots_needed(prefill, decode) -> int:
     return max([p + b * n for b, n, p in prefill] + [c - 1 + b for b, c in decode])
 
 
+def attention_plan(ex, plan):
+    """The attention backend's per-forward plan of `plan`'s segments, as TorchExecutor.run
+    builds it."""
+    segs = plan.segments
+    return ex.attention.plan([s.prefix_len for s in segs], [s.ctx_slots for s in segs], ex.device)
+
+
 def time_point(ex, plan, reps: int, slow_s: float) -> dict:
     """Median of timed steps after one warm-up (compiles, allocator growth): `reps` of them, or
     one where a step takes longer than slow_s; and the host's share, the attention plan."""
@@ -69,8 +76,7 @@ def time_point(ex, plan, reps: int, slow_s: float) -> dict:
     if runs[0] <= slow_s:
         runs += [ex.run(plan).duration for _ in range(reps - 1)]
     t0 = time.perf_counter()
-    ex.attention.plan([s.prefix_len for s in plan.segments], [s.ctx_slots for s in plan.segments],
-                      ex.device)
+    attention_plan(ex, plan)
     host = time.perf_counter() - t0
     return {"ms": 1e3 * statistics.median(runs), "first_ms": 1e3 * first,
             "runs_ms": [round(1e3 * r, 3) for r in runs], "plan_ms": 1e3 * host}
@@ -80,9 +86,9 @@ def graph_ms(ex, plan, reps: int) -> float:
     """The same step's forward captured once as a CUDA graph and replayed: its kernels' time
     without the host's per-kernel launches (what an engine replaying graphs pays on the device)."""
     import torch
-    segs = plan.segments
-    batch = ex.attention.plan([s.prefix_len for s in segs], [s.ctx_slots for s in segs], ex.device)
-    ids = torch.from_numpy(np.concatenate([np.asarray(s.input_ids) for s in segs])).to(ex.device)
+    batch = attention_plan(ex, plan)
+    ids = torch.from_numpy(np.concatenate([np.asarray(s.input_ids) for s in plan.segments])
+                           ).to(ex.device)
     fwd = lambda: ex.model(ids, batch.positions, ex.kv, batch)  # noqa: E731
     with torch.inference_mode():
         side = torch.cuda.Stream()
@@ -138,17 +144,16 @@ def measure(a: argparse.Namespace) -> int:
                 log(f"budget of {a.budget_s} s spent: {backend} {kind} {shape} and later not run")
                 break
             row = {"backend": backend, "kind": kind, "shape": list(shape)}
+            plan = plan_for(kind, shape, ex.args.vocab_size, rng)
             try:
-                row.update(time_point(ex, plan_for(kind, shape, ex.args.vocab_size, rng), a.reps,
-                                      a.slow_s))
+                row.update(time_point(ex, plan, a.reps, a.slow_s))
             except Exception as e:      # noqa: BLE001 -- an OOM or kernel limit is a result too
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 if ex.device.type == "cuda":
                     torch.cuda.empty_cache()
             if ex.device.type == "cuda" and row.get("ms", 1e9) <= a.graph_max_ms:
                 try:
-                    row["graph_ms"] = graph_ms(ex, plan_for(kind, shape, ex.args.vocab_size, rng),
-                                               a.reps)
+                    row["graph_ms"] = graph_ms(ex, plan, a.reps)
                 except Exception as e:  # noqa: BLE001 -- a step that cannot be captured says why
                     row["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                     try:

@@ -50,12 +50,13 @@ def run(args: argparse.Namespace) -> int:
         grid = Grid(**{**grid.__dict__, "repeats": positive_int(args.repeats, "--repeats"),
                        "seed": args.seed})
     con = console()
-    slots, room = pool_slots(grid.points()), target.kv_room()
-    if slots > room:            # the grid's largest steps do not fit beside the weights
-        every = len(grid.points())
+    every = grid.points()
+    slots, room = pool_slots(every), target.kv_room()
+    if 0 < room < slots:        # the grid's largest steps do not fit beside the weights
         grid = replace(grid, max_slots=room)
-        slots = pool_slots(grid.points())
-        con.print(f"{every - len(grid.points())} of {every} grid steps need a KV pool over the "
+        kept = grid.points()
+        slots = pool_slots(kept)
+        con.print(f"{len(every) - len(kept)} of {len(every)} grid steps need a KV pool over the "
                   f"{room:,} tokens that fit beside the weights: left out", highlight=False)
     target.check_kv_memory(slots)
     ex = target.executor(slots, seed=args.seed, attention=args.attention)

@@ -29,7 +29,7 @@ class TorchTarget(NamedTuple):
 
     @property
     def weight_bytes(self) -> int:
-        return self.args.num_params * self.dtype.itemsize
+        return weight_bytes(self.args, self.dtype)
 
     def check_kv_memory(self, slots: int) -> None:
         check_kv_memory(self.args, slots, self.kv_bytes_per_token, self.device, self.dtype)
@@ -38,7 +38,7 @@ class TorchTarget(NamedTuple):
         """KV tokens the device holds beside the weights, keeping `reserve` of what is free
         (at least 4 GiB on CUDA) for a step's activations."""
         have, _ = device_memory(self.device)
-        keep = max(4 << 30, int(reserve * have)) if self.device.type == "cuda" else int(reserve * have)
+        keep = max(4 << 30 if self.device.type == "cuda" else 0, int(reserve * have))
         return max(0, (have - keep - self.weight_bytes) // self.kv_bytes_per_token)
 
     def executor(self, slots: int, **options):
@@ -101,11 +101,16 @@ def device_name(dev) -> str:
     return torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
 
 
+def weight_bytes(margs: ModelArgs, dtype) -> int:
+    """The model's parameters in `dtype`, in bytes."""
+    return margs.num_params * dtype.itemsize
+
+
 def check_kv_memory(margs: ModelArgs, slots: int, bytes_per_token: int, dev, dtype) -> None:
     """Refuse a KV pool the device cannot hold beside the model's weights, before anything is
     allocated."""
     need = slots * bytes_per_token
-    weights = margs.num_params * dtype.itemsize
+    weights = weight_bytes(margs, dtype)
     have, where = device_memory(dev)
     if need + weights > have:
         raise ValueError(f"--max-total-tokens {slots:,}: a KV pool of {slots:,} tokens at "
