@@ -192,6 +192,42 @@ def test_radixkv_decode_weight_weighs_the_batch_a_request_would_join():
         RadixKVOptions(decode_weight=-1)
 
 
+@pytest.mark.parametrize("name", ["radixkv", "radixkv-fit"])
+def test_radixkv_spreads_once_requests_in_flight_would_displace_a_replicas_cached_prefixes(name):
+    """A replica's requests in flight hold KV it cannot evict. Past lock_share of its capacity,
+    what a placement adds there pushes out cached prefixes: a warm replica that is otherwise
+    the best loses to a cold one, exactly when the charge for the displaced tokens outweighs the
+    prefix it would have reused; with lock_weight 0 nothing is charged (the fitted rule's own
+    prior already counts the running request against the warm replica: no control there)."""
+    from dataclasses import replace
+    from radixkv.router.radixkv import RadixKVOptions
+    prefix = list(range(64))
+    views = [ReplicaView(kv_capacity=4_000)] * 2
+    base = make_router(name, ctx(2)).options
+    assert (base.lock_share, base.lock_weight) == (0.75, 3.0)
+    for weight, expect in ((3.0, 1), (0.0, 0))[:2 if name == "radixkv" else 1]:
+        r = make_router(name, ctx(2), replace(base, lock_weight=weight))
+        r.on_events(0, stored(prefix))
+        q = RequestInfo("q", prefix + [1], max_new_tokens=8)
+        assert r.route(q, views) == 0                        # nothing in flight: the warm one
+        assert r.displaced(0, q, 64, views[0]) == 0
+        flying = RequestInfo("f", [7] * 400, max_new_tokens=2_700)   # 100 pages + its budget
+        r.on_route(0, flying)
+        r.on_first_token(0, flying)                          # decoding: no queue ahead of q
+        assert r.locked(0) == 100 * PS + 2_700
+        # room under the share: 3,000 - 3,100 < 0, so all of q's 1 + 8 new tokens displace
+        assert r.displaced(0, q, 64, views[0]) == 9
+        assert r.displaced(1, q, 0, views[1]) == 0           # the cold one has room for 73
+        assert r.displaced(0, q, 64, ReplicaView()) == 0     # capacity unknown: no charge
+        big = RequestInfo("b", prefix + list(range(100, 1_000)), max_new_tokens=100)
+        assert r.route(big, views) == expect
+        r.on_finish(0, flying)
+        assert r.locked(0) == 0 and r.route(big, views) == 0
+    for bad in ({"lock_share": 0}, {"lock_share": 1.5}, {"lock_weight": -1}):
+        with pytest.raises(ValueError, match=f"radixkv {next(iter(bad))}"):
+            RadixKVOptions(**bad)
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="unknown router 'nope'"):
         make_router("nope", ctx(2))
