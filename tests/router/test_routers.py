@@ -204,7 +204,7 @@ def test_radixkv_spreads_once_requests_in_flight_would_displace_a_replicas_cache
     prefix = list(range(64))
     views = [ReplicaView(kv_capacity=4_000)] * 2
     base = make_router(name, ctx(2)).options
-    assert (base.lock_share, base.lock_weight) == (0.75, 3.0)
+    assert (base.lock_share, base.lock_weight) == (0.4, 3.0)
     for weight, expect in ((3.0, 1), (0.0, 0))[:2 if name == "radixkv" else 1]:
         r = make_router(name, ctx(2), replace(base, lock_weight=weight))
         r.on_events(0, stored(prefix))
@@ -215,7 +215,7 @@ def test_radixkv_spreads_once_requests_in_flight_would_displace_a_replicas_cache
         r.on_route(0, flying)
         r.on_first_token(0, flying)                          # decoding: no queue ahead of q
         assert r.locked(0) == 100 * PS + 2_700
-        # room under the share: 3,000 - 3,100 < 0, so all of q's 1 + 8 new tokens displace
+        # room under the share: 1,600 - 3,100 < 0, so all of q's 1 + 8 new tokens displace
         assert r.displaced(0, q, 64, views[0]) == 9
         assert r.displaced(1, q, 0, views[1]) == 0           # the cold one has room for 73
         assert r.displaced(0, q, 64, ReplicaView()) == 0     # capacity unknown: no charge
