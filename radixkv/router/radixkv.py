@@ -65,7 +65,7 @@ from radixkv.router.base import ROUTERS, Events, ReplicaView, RequestInfo, Route
 from radixkv.router.flying import FlyingPages
 from radixkv.router.llmd import EventRouter
 from radixkv.router.ttft_fit import TTFTFit
-from radixkv.validate import finite_at_least, positive_number
+from radixkv.validate import finite_at_least, positive_fraction, positive_number
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,7 @@ class RadixKVOptions:
         finite_at_least(self.decode_weight, "radixkv decode_weight", 0)
         finite_at_least(self.fit_tie, "radixkv fit_tie", 0)
         finite_at_least(self.lock_weight, "radixkv lock_weight", 0)
-        if not (isinstance(self.lock_share, (int, float)) and 0 < self.lock_share <= 1):
-            raise ValueError(f"radixkv lock_share must be in (0, 1], got {self.lock_share!r}")
+        positive_fraction(self.lock_share, "radixkv lock_share")
         positive_number(self.load_window, "radixkv load_window")
         if not isinstance(self.fit, bool):
             raise ValueError(f"radixkv fit must be True or False, got {self.fit!r}")
@@ -203,15 +202,17 @@ class RadixKVRouter(EventRouter):
     def fitted_work(self, x: np.ndarray) -> float:
         """With `fit`: the prefill of features `x` at the fitted prices of its step time and
         tokens."""
+        return self.fitted_prefill(x[1], x[2])
+
+    def fitted_prefill(self, seconds: float, kilotokens: float) -> float:
+        """With `fit`: prefill priced `seconds` by the step cost, of `kilotokens` thousand
+        tokens, at the fitted prices of the two (features own and new)."""
         theta = self.fit.theta
-        return theta[1] * x[1] + theta[2] * x[2]
+        return theta[1] * seconds + theta[2] * kilotokens
 
     def fitted_price(self, tokens: int) -> float:
         """With `fit`: `tokens` of prefill after no cached prefix, at the fitted prices."""
-        if not tokens:
-            return 0.0
-        theta = self.fit.theta
-        return theta[1] * self.prefill_time(0, tokens) + theta[2] * tokens / 1000
+        return self.fitted_prefill(self.prefill_time(0, tokens), tokens / 1000) if tokens else 0.0
 
     def decode_time(self, request: RequestInfo, view: ReplicaView) -> float:
         """Seconds of this request's decode in the batch it would join on that replica: its
