@@ -86,9 +86,70 @@ def _run(workload, cfg: EngineConfig, ex) -> EngineReport:
     return eng.run_until_idle()
 
 
+class StepLog:
+    """An executor that records each step it runs: (prefill segments, decode contexts,
+    seconds), everything else delegated to the executor it wraps."""
+
+    def __init__(self, ex):
+        self.inner = ex
+        self.steps: list[tuple[tuple[tuple[int, int], ...], tuple[int, ...], float]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run(self, plan):
+        out = self.inner.run(plan)
+        if plan.segments:
+            self.steps.append((tuple((s.prefix_len, s.n) for s in plan.extends),
+                               tuple(s.prefix_len for s in plan.decodes), out.duration))
+        return out
+
+
+STEP_KINDS = ("prefill", "prefill + decodes", "decode 1", "decode 2-4", "decode 5-16",
+              "decode 17-64", "decode 65+")
+
+
+def step_kind(segments, contexts) -> str:
+    if segments:
+        return "prefill + decodes" if contexts else "prefill"
+    b = len(contexts)
+    return ("decode 1" if b == 1 else "decode 2-4" if b <= 4 else "decode 5-16" if b <= 16
+            else "decode 17-64" if b <= 64 else "decode 65+")
+
+
+@dataclass(frozen=True)
+class KindError:
+    """The real steps of one kind against the profile's price of the same steps."""
+    kind: str
+    steps: int
+    real_s: float
+    priced_s: float
+    share: float              # of the real run's busy seconds
+
+    @property
+    def relative_error(self) -> float:
+        return self.priced_s / self.real_s - 1 if self.real_s else 0.0
+
+
+def price_steps(steps, cost: ProfiledCostModel) -> list[KindError]:
+    """Each kind of real step (STEP_KINDS) priced step by step by the profile: where its
+    error comes from, apart from how the two runs' schedules differ."""
+    total = sum(t for *_, t in steps) or 1.0
+    acc: dict[str, list[float]] = {}
+    for segs, ctxs, t in steps:
+        a = acc.setdefault(step_kind(segs, ctxs), [0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += t
+        a[2] += cost.step_time(segs, ctxs)
+    return [KindError(k, int(acc[k][0]), acc[k][1], acc[k][2], acc[k][1] / total)
+            for k in STEP_KINDS if k in acc]
+
+
 def run_real(workload, cfg: EngineConfig, ex) -> tuple[EngineReport, float]:
     """The workload through the engine on a TorchExecutor: (report, executor busy seconds)."""
     warm_up(ex, ex.args.vocab_size)
+    if isinstance(ex, StepLog):
+        ex.steps.clear()                  # the warm-up's steps are not the run's
     busy0 = ex.busy_s
     rep = _run(workload, cfg, ex)
     return rep, ex.busy_s - busy0

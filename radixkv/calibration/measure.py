@@ -7,10 +7,15 @@ mixed prefill batches (one long segment, of at most a quarter of `max_step_token
 ones, so padding is seen: their padded grid is what makes them slow to time); decode steps of
 `batch` requests at `context` tokens (at most `max_decode_context` context tokens in all), plus
 decode batches with mixed contexts. Each point is run back to back, as an engine's steps are
-(a decode step follows one of nearly the same shape), up to `repeats` times after a warm-up
-run, fewer once the timed runs add up to `repeat_budget_s` (a 3 s prefill varies by well under
-the 1 % that repeating it would win); the mean is kept, the expected step of a real run on a
-machine that others share (time_point).
+(a decode step follows one of nearly the same shape), up to `repeats` times after warm-up
+runs, fewer once the timed runs add up to `repeat_budget_s` / `passes` (a 3 s prefill varies by
+well under the 1 % that repeating it would win); the mean is kept, the expected step of a real
+run on a machine that others share (time_point). The grid is timed `passes` times over, each
+pass after the first in a fresh random order, and a point's time is the median of its passes:
+a shared machine runs some seconds 30 % faster or slower than others, and in one pass such a
+spell falls on a run of neighbouring points (every two-request decode of one profile timed
+~30 % fast against the same steps a minute later, and a real run's two-request decodes priced
+that much low).
 
 The CPU grid reaches what CPU-sized workloads do: prefills up to the default chunk (8192 new
 tokens a step) after prefixes up to 4096, decode batches up to 64 and contexts up to 6144,
@@ -39,6 +44,8 @@ from radixkv.sim.specs import ModelSpec
 from radixkv.validate import positive_int
 
 Point = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]     # (prefill segments, decode contexts)
+COLD_RUN_S = 0.05     # a step this long is timed without a warm-up run in later passes
+WARM_S, WARM_RUNS = 0.02, 10    # untimed runs of a point until they add up to WARM_S, at most
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,9 @@ class Grid:
     context: tuple[int, ...] = (64, 256, 768, 1280, 2048, 4096, 6144)
     max_step_tokens: int = 8192          # new tokens of one prefill step at most
     max_decode_context: int = 200_000    # context tokens of one decode step at most
-    repeats: int = 15
-    repeat_budget_s: float = 0.5         # no further timed runs once these add up to this
+    repeats: int = 5                     # timed runs of a point in each pass, at most
+    repeat_budget_s: float = 0.5         # a point's timed runs in all passes add up to this
+    passes: int = 3                      # times the grid is timed over (module doc)
     seed: int = 0
     max_slots: int = 0                   # > 0: points needing a larger KV pool are left out
 
@@ -69,6 +77,7 @@ class Grid:
             raise ValueError(f"calibration grid: repeat_budget_s must be > 0, got "
                              f"{self.repeat_budget_s!r}")
         positive_int(self.repeats, "calibration grid: repeats")
+        positive_int(self.passes, "calibration grid: passes")
         if not (isinstance(self.max_slots, int) and self.max_slots >= 0):
             raise ValueError(f"calibration grid: max_slots must be an int >= 0, got "
                              f"{self.max_slots!r}")
@@ -79,7 +88,7 @@ class Grid:
             return cls(new=(16, 128, 512, 2048, 8192), prefix=(0, 1024, 4096),
                        prefill_batch=(1, 4), decode_batch=(1, 8, 32, 128, 256),
                        context=(256, 1024, 4096), max_step_tokens=16384,
-                       max_decode_context=1 << 20, repeats=5)
+                       max_decode_context=1 << 20, repeats=5, passes=1)
         return cls()
 
     def points(self) -> list[Point]:
@@ -132,20 +141,42 @@ def plan_of(point: Point, num_slots: int, vocab: int, rng: np.random.Generator) 
 
 
 def time_point(ex: TorchExecutor, point: Point, repeats: int, rng: np.random.Generator,
-               budget_s: float = math.inf) -> float:
-    """Mean of up to `repeats` back-to-back TorchExecutor.run calls on this step (after one
-    untimed run), none started once the timed ones add up to `budget_s`. Back to back, as a
+               budget_s: float = math.inf, warm: bool = True) -> float:
+    """Mean of up to `repeats` back-to-back TorchExecutor.run calls on this step, none started
+    once the timed ones add up to `budget_s`; when `warm`, after untimed runs adding up to WARM_S
+    (at most WARM_RUNS, at least one): a decode after other steps takes ~10 runs to settle (a
+    one-request decode at a 1,280-token context after a 2,048-token prefill: 5.6 ms, then 3.7,
+    3.3, 3.0 ms, 2.4 ms ten runs on), and a real run's decodes mostly follow decodes. Back to back, as a
     real run's steps are: the scheduler's work between them leaves the weights and the running
     requests' KV in the CPU caches (a decode of one 64-token context: 0.53 ms warm, 2.0 ms
     after writing 64 MiB elsewhere; real runs' decodes took 0.5-0.6 ms). The mean, not the
     minimum: a real run's steps share the machine as these do, stalls included, and what a
     simulation adds up is their expected time."""
     plan = plan_of(point, ex.kv.num_slots, ex.args.vocab_size, rng)
-    ex.run(plan)
+    spent, n = 0.0, 0
+    while warm and n < WARM_RUNS and (n == 0 or spent < WARM_S):
+        spent, n = spent + ex.run(plan).duration, n + 1
     runs: list[float] = []
     while not runs or (len(runs) < repeats and sum(runs) < budget_s):
         runs.append(ex.run(plan).duration)
     return float(np.mean(runs))
+
+
+def time_passes(time_one: Callable[[Point, bool], float], points: Sequence[Point], passes: int,
+                rng: np.random.Generator, progress: Callable[[int, int], object] | None = None
+                ) -> list[list[float]]:
+    """Each point's time in each of `passes` passes over the grid: the first in grid order,
+    the others in a fresh random order. `time_one(point, warm)`: warm is False for a point
+    whose first pass took over COLD_RUN_S, where a warm-up run would cost more than it warms."""
+    times: list[list[float]] = [[] for _ in points]
+    order = list(range(len(points)))
+    for k in range(passes):
+        for j, i in enumerate(order):
+            times[i].append(time_one(points[i], not times[i] or times[i][0] < COLD_RUN_S))
+            if progress is not None:
+                progress(k * len(points) + j + 1, passes * len(points))
+        order = [int(i) for i in rng.permutation(len(points))]
+    return times
 
 
 def _affinity() -> list[int] | None:
@@ -175,12 +206,11 @@ def calibrate(ex: TorchExecutor, grid: Grid,
                          f"{ex.kv.num_slots:,}")
     rng = np.random.default_rng(grid.seed)
     time_point(ex, points[-1], 1, rng)                      # warm-up: allocator, kernels
-    samples = []
-    for i, pt in enumerate(points):
-        samples.append(Sample(pt[0], pt[1], time_point(ex, pt, grid.repeats, rng,
-                                                       grid.repeat_budget_s)))
-        if progress is not None:
-            progress(i + 1, len(points))
+    times = time_passes(lambda pt, warm: time_point(
+        ex, pt, grid.repeats, rng, grid.repeat_budget_s / grid.passes, warm), points,
+        grid.passes, rng, progress)
+    samples = [Sample(pt[0], pt[1], float(np.median(ts)), tuple(ts))
+               for pt, ts in zip(points, times)]
     spec_dtype = str(ex.dtype).removeprefix("torch.")
     spec = ModelSpec(ex.args, tp=1, dtype_bytes=ex.dtype.itemsize)
     coef, res, spill = fit_spill(spec, samples)

@@ -30,8 +30,11 @@ def register(subparsers: Any) -> None:
                    help="attention backend to time (default: the executor's for the device)")
     add_torch_flag(p, "--threads", default=", as generate")
     p.add_argument("--repeats", type=int, metavar="N",
-                   help="timed runs per grid point, the fastest kept (default: 3 on CPU, 5 on "
-                        "CUDA; fewer once they add up to 0.5 s)")
+                   help="timed runs per grid point in each pass, their mean kept (default: 5; "
+                        "fewer once a point's runs add up to 0.5 s)")
+    p.add_argument("--passes", type=int, metavar="N",
+                   help="times the grid is timed over, each point's median kept (default: 3 "
+                        "on CPU, whose speed drifts, 1 on CUDA)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and grid (default: 0)")
     p.add_argument("--out", type=Path, required=True, metavar="PROFILE.json",
                    help="the profile to write")
@@ -47,8 +50,10 @@ def run(args: argparse.Namespace) -> int:
     target = torch_target(args.model, args.device, args.dtype, args.threads)
     grid = Grid.for_device(target.device)
     if args.repeats is not None:
-        grid = Grid(**{**grid.__dict__, "repeats": positive_int(args.repeats, "--repeats"),
-                       "seed": args.seed})
+        grid = replace(grid, repeats=positive_int(args.repeats, "--repeats"))
+    if args.passes is not None:
+        grid = replace(grid, passes=positive_int(args.passes, "--passes"))
+    grid = replace(grid, seed=args.seed)
     con = console()
     every = grid.points()
     slots, room = pool_slots(every), target.kv_room()
@@ -69,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
               f"{time.perf_counter() - t0:.1f} s · fit error rms {r.rms:.1%}, median "
               f"{r.median_abs:.1%}, max {r.max_abs:.1%}, {r.outliers} outliers set aside",
               highlight=False)
+    if grid.passes > 1:
+        spread = sorted(x.spread for x in prof.samples)
+        con.print(f"{grid.passes} passes: the slowest and fastest pass of a step differ by "
+                  f"{spread[len(spread) // 2]:.1%} of its time (median), {spread[-1]:.1%} at "
+                  f"most", highlight=False)
     for k, v in prof.coefficients.items():
         con.print(f"  {k:18s} {v:.4g}", highlight=False)
     spill = "none" if prof.spill_bytes is None else f"{prof.spill_bytes / 2**20:.1f} MiB"

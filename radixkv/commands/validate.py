@@ -55,6 +55,11 @@ def register(subparsers: Any) -> None:
                    help="re-time a dozen of the profile's grid steps before and after the real "
                         "run, print how much faster or slower this machine runs now, and add "
                         "the errors of a simulation at that speed (a shared machine drifts)")
+    p.add_argument("--steps", action="store_true",
+                   help="also price each of the real run's steps by the profile and print, per "
+                        "kind of step (prefill, decodes by batch size), the real seconds and the "
+                        "error of the priced ones: where the profile misses, apart from how the "
+                        "two runs' schedules differ")
     p.add_argument("--json", type=Path, metavar="OUT",
                    help="also write per metric real, simulated and relative_error as JSON")
     p.set_defaults(func=run)
@@ -65,7 +70,8 @@ def _signed(x: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from radixkv.calibration.fidelity import compare_reports, run_real, run_simulated, speed_check
+    from radixkv.calibration.fidelity import (StepLog, compare_reports, price_steps, run_real,
+                                              run_simulated, speed_check)
     from radixkv.model.setup import model_args, torch_target  # the torch extra: only here
 
     if args.json is not None:
@@ -95,9 +101,11 @@ def run(args: argparse.Namespace) -> int:
 
     check_speed()
     with con.status(f"real run: {ex.name}, {len(wl)} requests"):
-        real, real_busy = run_real(wl, cfg, ex)
+        log = StepLog(ex) if args.steps else None
+        real, real_busy = run_real(wl, cfg, log or ex)
     check_speed()
     cost = prof.cost_model()
+    kinds = None if log is None else price_steps(log.steps, cost)
     sim, sim_busy = run_simulated(wl, cfg, cost)
     fid = compare_reports(real, real_busy, sim, sim_busy)
     speed = math.sqrt(speeds[0] * speeds[1]) if speeds else None
@@ -126,6 +134,15 @@ def run(args: argparse.Namespace) -> int:
                   f"{wa.metric} {wa.relative_error:+.1%} · "
                   f"{'within' if at.within(TOLERANCE) else 'OUTSIDE'} {TOLERANCE:.0%}",
                   highlight=False)
+    if kinds is not None:
+        kt = Table(title="the real run's steps priced by the profile, by kind")
+        for col in ("steps", "real s", "share", "priced s", "error"):
+            kt.add_column(col, justify="right")
+        kt.add_column("kind", justify="left")
+        for k in kinds:
+            kt.add_row(str(k.steps), f"{k.real_s:.4f}", pct(k.share), f"{k.priced_s:.4f}",
+                       _signed(k.relative_error), k.kind)
+        con.print(kt)
     if args.json is not None:
         doc = metadata(workload_info(wl, args.workload), model=margs.name,
                        gpu=f"{prof.device}:{prof.device_name}", max_total_tokens=cfg.kv_capacity,
@@ -135,6 +152,10 @@ def run(args: argparse.Namespace) -> int:
         if at is not None:
             doc["speed"] = {"before": speeds[0], "after": speeds[1], "simulated_at": speed}
             doc["metrics_at_speed"] = {r.metric: r.as_dict() for r in at.rows}
+        if kinds is not None:
+            doc["steps"] = [{"kind": k.kind, "steps": k.steps, "real": k.real_s,
+                             "priced": k.priced_s, "share": k.share,
+                             "relative_error": k.relative_error} for k in kinds]
         doc["profile"] = str(args.profile)
         with Outputs() as out:
             out.write_json(args.json, doc)

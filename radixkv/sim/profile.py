@@ -99,16 +99,25 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Sample:
-    """One timed step: its prefill segments, decode contexts and measured seconds."""
+    """One timed step: its prefill segments, decode contexts and measured seconds (the median
+    of its passes' times, when it was timed in several)."""
     segments: tuple[tuple[int, int], ...]
     contexts: tuple[int, ...]
     seconds: float
+    passes: tuple[float, ...] = ()
 
     def __post_init__(self):
         if not (self.segments or self.contexts):
             raise ValueError("a profile sample needs at least one segment or decode")
-        if not (math.isfinite(self.seconds) and self.seconds > 0):
-            raise ValueError(f"a profile sample's seconds must be > 0, got {self.seconds!r}")
+        for v in (self.seconds, *self.passes):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"a profile sample's seconds must be > 0, got {v!r}")
+
+    @property
+    def spread(self) -> float:
+        """(slowest pass - fastest) / seconds: how far the machine's speed moved between
+        passes at this step (0 for one pass)."""
+        return (max(self.passes) - min(self.passes)) / self.seconds if self.passes else 0.0
 
 
 @dataclass(frozen=True)
@@ -247,7 +256,8 @@ class Profile:
                 "correction": {"kind": "grid-ratio", "held_out": None if self.held_out is None
                                else asdict(self.held_out)} if self.corrected else None,
                 "samples": [{"segments": [list(s) for s in x.segments],
-                             "contexts": list(x.contexts), "seconds": x.seconds}
+                             "contexts": list(x.contexts), "seconds": x.seconds,
+                             **({"passes": list(x.passes)} if x.passes else {})}
                             for x in self.samples]}
 
     @classmethod
@@ -276,7 +286,8 @@ class Profile:
                        residuals=Residuals(**doc["residuals"]),
                        samples=tuple(Sample(tuple((int(p), int(n)) for p, n in s["segments"]),
                                             tuple(int(c) for c in s["contexts"]),
-                                            float(s["seconds"]))
+                                            float(s["seconds"]),
+                                            tuple(float(v) for v in s.get("passes", ())))
                                      for s in doc.get("samples", ())),
                        corrected=cor is not None, held_out=held)
         except (KeyError, TypeError) as e:

@@ -23,7 +23,7 @@ def profile(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Grid, "for_device", classmethod(lambda cls, device: cls(**SMALL)))
         assert main(["calibrate", "--model", "tiny-llama", "--device", "cpu", "--repeats", "1",
-                     "--out", str(path)]) == 0
+                     "--passes", "2", "--out", str(path)]) == 0
     return path
 
 
@@ -57,6 +57,9 @@ def test_calibrate_writes_a_profile(profile):
     assert doc["model"]["name"] == "tiny-llama" and doc["device"] == "cpu"
     assert doc["dtype"] == "float32" and doc["backend"] == "sdpa"
     assert doc["machine"]["threads"] == 1 and doc["grid"]["repeats"] == 1
+    assert doc["grid"]["passes"] == 2 and all(
+        len(x["passes"]) == 2 and x["seconds"] == pytest.approx(sum(x["passes"]) / 2)
+        for x in doc["samples"])
     assert doc["format"] == "radixkv-profile/3" and "spilled_kv_bytes" in doc["coefficients"]
     held = doc["correction"]["held_out"]
     assert doc["correction"]["kind"] == "grid-ratio" and held["samples"] > 0
@@ -103,6 +106,7 @@ def test_validate_speed_check_reports_the_drift_and_a_run_at_that_speed(profile,
     (["simulate", "--profile", "{bad}"], "is not valid JSON"),
     (["simulate", "--tp", "3"], "tp 3 does not divide"),
     (["calibrate", "--model", "nope", "--out", "{tmp}/x.json"], "unknown model 'nope'"),
+    (["calibrate", "--passes", "0", "--out", "{tmp}/x.json"], "--passes must be a positive int, got 0"),
 ])
 def test_one_line_errors(profile, tmp_path, capsys, argv, needle):
     bad = tmp_path / "bad.json"
@@ -154,3 +158,53 @@ def test_calibrate_leaves_out_steps_that_do_not_fit(tmp_path, monkeypatch, capsy
     doc = json.loads(path.read_text())
     assert doc["grid"]["max_slots"] == 3000 and len(doc["samples"]) == len(kept)
     assert pool_slots(kept) <= 3000
+
+
+def test_validate_steps_prices_each_kind_of_real_step(profile, tmp_path):
+    """--steps: the real run's steps by kind, their seconds adding up to its busy seconds."""
+    from radixkv.calibration.fidelity import STEP_KINDS
+    out = tmp_path / "v.json"
+    assert main(["validate", "--model", "tiny-llama", "--profile", str(profile), "support",
+                 "--users", "3", "--turns", "2", "--seed", "5", "--steps", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    kinds = doc["steps"]
+    assert [k["kind"] for k in kinds] == [k for k in STEP_KINDS if k in {x["kind"] for x in kinds}]
+    assert {"prefill", "decode 1"} <= {k["kind"] for k in kinds}
+    assert sum(k["real"] for k in kinds) == pytest.approx(doc["metrics"]["busy_s"]["real"])
+    assert sum(k["share"] for k in kinds) == pytest.approx(1.0)
+    for k in kinds:
+        assert k["steps"] > 0 and k["priced"] > 0
+        assert k["relative_error"] == pytest.approx(k["priced"] / k["real"] - 1)
+
+
+def test_price_steps_groups_and_prices_step_by_step():
+    from radixkv.calibration.fidelity import StepLog, price_steps, step_kind
+    from radixkv.engine.executor import BatchPlan, StepResult
+    from radixkv.sched.batch import Segment
+    from radixkv.sched.request import Request
+
+    class Cost:            # a step costs 1 ms per new token
+        def step_time(self, segs, ctxs):
+            return 0.001 * (sum(n for _, n in segs) + len(ctxs))
+
+    steps = [(((0, 100),), (), 0.2), ((), (50,), 0.002), ((), (50, 60, 70), 0.004),
+             ((), (9,) * 20, 0.04), (((10, 5),), (30,), 0.01), ((), (51,), 0.001)]
+    got = price_steps(steps, Cost())
+    assert [(k.kind, k.steps) for k in got] == [
+        ("prefill", 1), ("prefill + decodes", 1), ("decode 1", 2), ("decode 2-4", 1),
+        ("decode 17-64", 1)]
+    d1 = got[2]
+    assert d1.real_s == pytest.approx(0.003) and d1.priced_s == pytest.approx(0.002)
+    assert d1.relative_error == pytest.approx(-1 / 3) and d1.share == pytest.approx(0.003 / 0.257)
+    assert step_kind((), (1,) * 65) == "decode 65+" and step_kind((), (1,) * 5) == "decode 5-16"
+
+    class Inner:
+        name, busy_s = "inner", 0.0
+
+        def run(self, plan):
+            return StepResult([None] * len(plan.segments), 0.5)
+    log = StepLog(Inner())
+    plan = BatchPlan()
+    plan.decodes.append(Segment(Request("r", [1], 1), 7, [3], [0] * 8, sample=True))
+    assert log.run(plan).duration == 0.5 and log.run(BatchPlan()).duration == 0.5
+    assert log.steps == [((), (7,), 0.5)] and log.name == "inner"

@@ -140,3 +140,25 @@ def test_bad_profiles_name_the_value(tmp_path, profile_factory):
     bad.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="malformed profile.*residuals"):
         load_profile(bad)
+
+
+def test_a_samples_passes_round_trip_and_give_its_spread(tmp_path, profile_factory):
+    """A sample timed in several passes keeps each pass's seconds; the file keeps them, and a
+    one-pass sample (or an older file without them) reads back with none."""
+    samples = synthetic(POINTS)
+    timed = [Sample(s.segments, s.contexts, s.seconds,
+                    (s.seconds * 0.9, s.seconds, s.seconds * 1.2)) for s in samples[:3]]
+    prof = profile_factory(timed + samples[3:])
+    path = tmp_path / "p.json"
+    prof.save(path)
+    back = load_profile(path)
+    assert back.samples == prof.samples and back.samples[0].passes == timed[0].passes
+    assert back.samples[0].spread == pytest.approx(0.3) and back.samples[3].spread == 0.0
+    doc = json.loads(path.read_text())
+    assert "passes" in doc["samples"][0] and "passes" not in doc["samples"][3]
+    with pytest.raises(ValueError, match="seconds must be > 0, got -0.001"):
+        Sample(((0, 8),), (), 0.01, (0.01, -0.001))
+    doc["samples"][0]["passes"] = [0.01, 0.0]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="seconds must be > 0, got 0.0"):
+        load_profile(path)
