@@ -40,6 +40,7 @@ from radixkv.model.executor import TorchExecutor
 from radixkv.sched.batch import Segment
 from radixkv.sched.request import Request
 from radixkv.sim.profile import Profile, Sample, fit_spill, held_out
+from radixkv.sim.ratio_grid import DECODE_AT
 from radixkv.sim.specs import ModelSpec
 from radixkv.validate import positive_int
 
@@ -214,7 +215,9 @@ def calibrate(ex: TorchExecutor, grid: Grid,
     spec_dtype = str(ex.dtype).removeprefix("torch.")
     spec = ModelSpec(ex.args, tp=1, dtype_bytes=ex.dtype.itemsize)
     coef, res, spill = fit_spill(spec, samples)
-    held = held_out(spec, samples, coef, spill)
+    # the context decode batches are looked up at: whichever prices the held-out ones better
+    held, decode_at = min(((held_out(spec, samples, coef, spill, decode_at=at), at)
+                           for at in DECODE_AT), key=lambda h: h[0].rms if h[0] else 0.0)
     dev = ex.device
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor()
                                                                         or platform.machine())
@@ -222,4 +225,4 @@ def calibrate(ex: TorchExecutor, grid: Grid,
                    device=dev.type, device_name=name, backend=ex.attention.name,
                    machine=machine_info(dev), grid=grid.as_dict(), coefficients=coef,
                    residuals=res, samples=tuple(samples), spill_bytes=spill,
-                   corrected=True, held_out=held)
+                   corrected=True, held_out=held, decode_at=decode_at)

@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
                             corrected=False), prof.held_out
         con.print(f"held out (the {cor.samples} mixed batches, in no table): the linear form "
                   f"rms {lin.rms:.1%}, max {lin.max_abs:.1%}; with the grid's ratio rms "
-                  f"{cor.rms:.1%}, max {cor.max_abs:.1%}", highlight=False)
+                  f"{cor.rms:.1%}, max {cor.max_abs:.1%} (decode batches looked up at their "
+                  f"{'longest' if prof.decode_at == 'max' else 'mean'} context)", highlight=False)
     prof.save(args.out)
     con.print(f"wrote {args.out}")
     return 0

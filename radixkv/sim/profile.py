@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from radixkv.shapes import ModelArgs
-from radixkv.sim.ratio_grid import RatioGrid
+from radixkv.sim.ratio_grid import DECODE_AT, RatioGrid
 from radixkv.sim.specs import ModelSpec
 
 FEATURES = ("step", "segment", "linear_flops", "attn_flops", "padded_attn_flops",
@@ -161,17 +161,18 @@ def _linear(spec: ModelSpec, samples: Sequence[Sample], coef: dict[str, float],
 
 
 def _ratio_grid(spec: ModelSpec, samples: Sequence[Sample], coef: dict[str, float],
-                spill_bytes: float | None) -> RatioGrid:
+                spill_bytes: float | None, decode_at: str = "mean") -> RatioGrid:
     """The measured ratio to the linear form at the samples that are grid points."""
     on = [s for s in samples if RatioGrid.on_grid((s.segments, s.contexts))]
     lin = _linear(spec, on, coef, spill_bytes)
     keep = lin > 0
     return RatioGrid([(s.segments, s.contexts) for s, k in zip(on, keep) if k],
-                     np.log(np.array([s.seconds for s in on])[keep] / lin[keep]))
+                     np.log(np.array([s.seconds for s in on])[keep] / lin[keep]), decode_at)
 
 
 def held_out(spec: ModelSpec, samples: Sequence[Sample], coef: dict[str, float],
-             spill_bytes: float | None, corrected: bool = True) -> Residuals | None:
+             spill_bytes: float | None, corrected: bool = True,
+             decode_at: str = "mean") -> Residuals | None:
     """Relative error of the samples that are not grid points (mixed batches), priced by the
     linear form and, when `corrected`, the grid's ratio: how well steps off the grid are
     priced. None when every sample is a grid point."""
@@ -180,7 +181,7 @@ def held_out(spec: ModelSpec, samples: Sequence[Sample], coef: dict[str, float],
         return None
     t = _linear(spec, off, coef, spill_bytes)
     if corrected:
-        grid = _ratio_grid(spec, samples, coef, spill_bytes)
+        grid = _ratio_grid(spec, samples, coef, spill_bytes, decode_at)
         t = t * np.array([grid.factor(s.segments, s.contexts) for s in off])
     a = np.abs(t / np.array([s.seconds for s in off]) - 1)
     return Residuals(float(np.sqrt(np.mean(a ** 2))), float(a.max()), float(np.median(a)), len(a))
@@ -223,6 +224,7 @@ class Profile:
     spill_bytes: float | None = None    # the fitted threshold S; None: no step spills
     corrected: bool = False             # priced with the grid's measured ratio (format 3)
     held_out: Residuals | None = None   # the mixed batches' error, priced as the profile prices
+    decode_at: str = "mean"             # the context a decode batch's ratio is looked up at
 
     def __post_init__(self):
         if set(self.coefficients) != set(FEATURES):
@@ -234,6 +236,9 @@ class Profile:
         s = self.spill_bytes
         if s is not None and not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
             raise ValueError(f"profile spill_bytes must be a finite number > 0 or null, got {s!r}")
+        if self.decode_at not in DECODE_AT:
+            raise ValueError(f"profile decode_at must be one of {', '.join(DECODE_AT)}, got "
+                             f"{self.decode_at!r}")
         if self.corrected and not any(RatioGrid.on_grid((x.segments, x.contexts))
                                       for x in self.samples):
             raise ValueError("a profile priced by its grid's ratio needs its grid samples, and "
@@ -253,7 +258,8 @@ class Profile:
                 "machine": self.machine, "grid": self.grid, "form": "t = sum(coef * feature)",
                 "coefficients": self.coefficients, "spill_bytes": self.spill_bytes,
                 "residuals": asdict(self.residuals),
-                "correction": {"kind": "grid-ratio", "held_out": None if self.held_out is None
+                "correction": {"kind": "grid-ratio", "decode_at": self.decode_at,
+                               "held_out": None if self.held_out is None
                                else asdict(self.held_out)} if self.corrected else None,
                 "samples": [{"segments": [list(s) for s in x.segments],
                              "contexts": list(x.contexts), "seconds": x.seconds,
@@ -289,7 +295,8 @@ class Profile:
                                             float(s["seconds"]),
                                             tuple(float(v) for v in s.get("passes", ())))
                                      for s in doc.get("samples", ())),
-                       corrected=cor is not None, held_out=held)
+                       corrected=cor is not None, held_out=held,
+                       decode_at=str((cor or {}).get("decode_at", "mean")))
         except (KeyError, TypeError) as e:
             raise ValueError(f"{where}: malformed profile ({type(e).__name__}: {e})") from None
 
@@ -331,7 +338,8 @@ class ProfiledCostModel:
         object.__setattr__(self, "model_spec", p.model_spec)
         object.__setattr__(self, "_coef", tuple(p.coefficients[f] for f in FEATURES))
         object.__setattr__(self, "_ratio", _ratio_grid(
-            p.model_spec, p.samples, p.coefficients, p.spill_bytes) if p.corrected else None)
+            p.model_spec, p.samples, p.coefficients, p.spill_bytes, p.decode_at)
+            if p.corrected else None)
 
     @property
     def label(self) -> str:
@@ -370,7 +378,7 @@ class ProfiledCostModel:
         t = sum(c * x for c, x in zip(self._coef, f)) * self.speed
         if self._ratio is None or not t:
             return t
-        return t * self._ratio.decode_factor(batch, ctx_sum)
+        return t * self._ratio.decode_factor(batch, ctx_sum, ctx_max)
 
     def prefill_time(self, segments: Sequence[tuple[int, int]]) -> float:
         return self.step_time(segments, ())

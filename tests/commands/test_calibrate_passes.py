@@ -93,6 +93,12 @@ def test_calibrate_keeps_each_points_median_over_its_passes(monkeypatch):
     for s in prof.samples:
         assert len(s.passes) == 3 and s.seconds == float(np.median(s.passes))
     assert prof.grid["passes"] == 3
+    # decode batches looked up at the context that prices the held-out mixed ones better
+    from radixkv.sim.profile import held_out
+    held = {at: held_out(prof.model_spec, prof.samples, prof.coefficients, prof.spill_bytes,
+                         decode_at=at).rms for at in ("mean", "max")}
+    assert prof.decode_at == min(held, key=held.get)
+    assert prof.held_out.rms == held[prof.decode_at]
 
 
 def test_grid_passes_must_be_a_positive_int():

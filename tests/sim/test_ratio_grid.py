@@ -73,16 +73,29 @@ def test_exact_at_every_grid_point_and_better_than_the_linear_form_between():
 def test_multilinear_interpolation_by_hand():
     # a decode table on batch 1, 4 and contexts 0, 3: log ratios 0, 0.4 / 0.2, 0.6
     g = RatioGrid([((), (0,)), ((), (3,)), ((), (0,) * 4), ((), (3,) * 4)], [0.0, 0.4, 0.2, 0.6])
-    assert math.log(g.decode_factor(1, 0)) == pytest.approx(0.0)
-    assert math.log(g.decode_factor(4, 12)) == pytest.approx(0.6)
+    assert math.log(g.decode_factor(1, 0, 0)) == pytest.approx(0.0)
+    assert math.log(g.decode_factor(4, 12, 3)) == pytest.approx(0.6)
     # halfway in both log coordinates (batch 2, context 1): the mean of the four corners
     assert decode_coords(2, 1) == (math.log(4) / 2, math.log(4) / 2)
-    assert math.log(g.decode_factor(2, 2)) == pytest.approx(0.3)
+    assert math.log(g.decode_factor(2, 2, 1)) == pytest.approx(0.3)
     # a quarter of the way along the context axis at batch 1
     assert g.decode((0.0, math.log(4) / 4)) == pytest.approx(0.1)
     # beyond the grid: the edge value
-    assert math.log(g.decode_factor(64, 64 * 10_000)) == pytest.approx(0.6)
+    assert math.log(g.decode_factor(64, 64 * 10_000, 10_000)) == pytest.approx(0.6)
     assert g.prefill is None and g.factor([(0, 5)], []) == 1.0
+
+
+def test_decode_batches_are_looked_up_at_their_longest_context_when_the_profile_says_so():
+    steps = [((), (0,)), ((), (3,)), ((), (0,) * 4), ((), (3,) * 4)]
+    mean, top = RatioGrid(steps, [0.0, 0.4, 0.2, 0.6]), RatioGrid(steps, [0.0, 0.4, 0.2, 0.6], "max")
+    # four decodes at contexts 0, 0, 0, 3: at the longest, the table's corner (4, 3); at the
+    # mean 0.75, log(1.75) / log(4) of the way along the context axis at batch 4
+    assert math.log(top.factor([], [0, 0, 0, 3])) == pytest.approx(0.6)
+    assert math.log(mean.factor([], [0, 0, 0, 3])) == pytest.approx(
+        0.2 + 0.4 * math.log(1.75) / math.log(4))
+    assert top.factor([], [3] * 4) == mean.factor([], [3] * 4)       # uniform: the same
+    with pytest.raises(ValueError, match="decode_at must be one of mean, max, got 'median'"):
+        RatioGrid(steps, [0.0] * 4, "median")
 
 
 def test_a_grid_point_without_a_sample_takes_its_nearest_measured_neighbour():
@@ -116,8 +129,9 @@ def test_far_from_the_grid_the_edge_ratio_holds_and_empty_steps_cost_nothing():
         cost.step_time(*edge) / lin.step_time(*edge))
 
 
-def test_decode_run_pricing_is_the_planned_steps_to_the_bit():
-    cost = profile().cost_model()
+@pytest.mark.parametrize("decode_at", ["mean", "max"])
+def test_decode_run_pricing_is_the_planned_steps_to_the_bit(decode_at):
+    cost = Profile(**{**profile().__dict__, "decode_at": decode_at}).cost_model()
     for ctxs in ((4000,) * 12, (6000, 10, 700), (50,), (899, 901)):
         assert cost.decode_step_time(len(ctxs), sum(ctxs), max(ctxs)) == cost.step_time((), ctxs)
 
@@ -128,6 +142,19 @@ def test_round_trip_and_the_linear_format_still_reads(tmp_path):
     back = load_profile(tmp_path / "p.json")
     assert back == prof and back.corrected and back.held_out == prof.held_out
     assert back.cost_model().step_time((), (900,)) == prof.cost_model().step_time((), (900,))
+    top = Profile(**{**prof.__dict__, "decode_at": "max"})
+    top.save(tmp_path / "top.json")
+    back = load_profile(tmp_path / "top.json")
+    assert back.decode_at == "max" and back.cost_model().step_time((), (50, 3000)) == \
+        top.cost_model().step_time((), (50, 3000)) != prof.cost_model().step_time((), (50, 3000))
+    doc = json.loads((tmp_path / "top.json").read_text())
+    del doc["correction"]["decode_at"]              # written before decode_at: the mean
+    (tmp_path / "mean.json").write_text(json.dumps(doc))
+    assert load_profile(tmp_path / "mean.json").decode_at == "mean"
+    doc["correction"]["decode_at"] = "median"
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="decode_at must be one of mean, max, got 'median'"):
+        load_profile(tmp_path / "bad.json")
     doc = json.loads((tmp_path / "p.json").read_text())
     doc["format"] = "radixkv-profile/2"
     del doc["correction"]
