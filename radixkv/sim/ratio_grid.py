@@ -19,7 +19,8 @@ form. Calibration keeps whichever context prices the grid's mixed decode batches
 padded-gather backend the longest, as every row is gathered and attended at that width (one
 CPU profile's 22 held-out mixed batches: 6.8 % rms against 11.2 % at the mean; a replayed
 trace's decodes of 2-4 requests: +5.5 % against +9.9 % in all, +11.3 % against +18.2 % where
-the longest context is over twice the mean). A profile that does not say looks up the mean. Prefill segments that differ are priced by the linear form alone:
+the longest context is over twice the mean). A profile that does not say looks up the mean.
+Prefill segments that differ are priced by the linear form alone:
 every way of looking such a batch up in the uniform table priced the grid's mixed batches
 worse than the linear form did (the segment of the longest context: 39 % rms, one +146 %;
 each segment's ratio weighted by its share of the work: 15 % rms; the linear form: 9 %),
