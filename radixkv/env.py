@@ -28,6 +28,17 @@ def cache_dir():
     return (Path(base) if base else Path.home() / ".cache") / "radixkv"
 
 
+def cpu_heap() -> str:
+    """What a process running a real model on the CPU does with its C heap
+    (radixkv.model.host_heap): RADIXKV_CPU_HEAP=keep (the default: every allocation from the
+    heap, which is never trimmed) or release (glibc's defaults: big ones mapped and unmapped
+    each time, the heap's free top given back)."""
+    raw = _get("CPU_HEAP") or "keep"
+    if raw not in ("keep", "release"):
+        raise ValueError(f"RADIXKV_CPU_HEAP={raw!r}: use keep or release")
+    return raw
+
+
 def fault_after_steps() -> int | None:
     """Fault injection for tests and drills: RADIXKV_FAULT_AFTER_STEPS=N makes a server's engine
     thread raise an injected RuntimeError in place of its step N+1 (after N steps; 0: the

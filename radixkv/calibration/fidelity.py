@@ -6,6 +6,13 @@ Both clocks measure the same thing: the engine advances its clock by each step's
 which for the torch executor is the wall time of TorchExecutor.run (packing, the forward,
 sampling; the scheduler's own Python time is outside both) and for the simulator the
 profile's step time; between steps both jump to the next arrival when idle.
+
+The real side is the median of several timed runs after one untimed pass of the same workload
+(run_real_runs). The profile prices warm steps, and a process's first step of each new largest
+shape is not one: on tiny-llama, burst's 63-segment prefill took 625-711 ms in a process's
+first pass and 238-255 ms in the next ones. And one run is a noisy reference: tree's E2E p90
+(the fourth-slowest of 39 requests) spread 73 % over five warm runs, as a few milliseconds more
+or less reorder which requests share a decode batch.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from radixkv.engine.metrics import EngineReport
 from radixkv.sched.request import Request
 from radixkv.sim.executor import SimExecutor
 from radixkv.sim.profile import ProfiledCostModel
+from radixkv.validate import positive_int
 
 METRICS = ("ttft_p50", "ttft_p90", "e2e_p50", "e2e_p90", "makespan_s")
 EXTRA = ("busy_s",)      # the executor's total step time: the plainest test of the step model
@@ -59,15 +67,48 @@ class Fidelity:
         return abs(self.worst.relative_error) <= tolerance
 
 
+def figures(rep: EngineReport, busy: float) -> dict[str, float]:
+    """A run's METRICS and EXTRA: its report's figures and the executor's busy seconds."""
+    s = rep.summary()
+    return {**{m: float(s[m] or 0.0) for m in METRICS}, "busy_s": float(busy)}
+
+
+@dataclass(frozen=True)
+class RealRuns:
+    """The timed runs of one workload on the real engine (run_real_runs): each one's figures,
+    the untimed first pass's apart."""
+    runs: tuple[dict[str, float], ...]
+    cold: dict[str, float]           # the untimed pass: every step shape met for the first time
+    requests: int
+
+    def median(self) -> dict[str, float]:
+        return {m: float(np.median([r[m] for r in self.runs])) for m in METRICS + EXTRA}
+
+    def spread(self) -> dict[str, float]:
+        """(largest - smallest) / median of each figure over the runs: the real engine's own
+        disagreement with itself, the floor under any simulator's error."""
+        med = self.median()
+        return {m: (max(r[m] for r in self.runs) - min(r[m] for r in self.runs)) / med[m]
+                if med[m] else 0.0 for m in med}
+
+
+def compare(real: dict[str, float], sim: dict[str, float]) -> Fidelity:
+    """Each figure of METRICS and EXTRA, real against simulated."""
+    rows = tuple(MetricError(m, real[m], sim[m]) for m in METRICS + EXTRA)
+    return Fidelity(rows, real, sim)
+
+
 def compare_reports(real: EngineReport, real_busy: float, sim: EngineReport,
                     sim_busy: float) -> Fidelity:
-    rs, ss = real.summary(), sim.summary()
-    if rs["requests"] != ss["requests"]:
-        raise ValueError(f"the real run finished {rs['requests']} requests, the simulated "
-                         f"{ss['requests']}")
-    rows = [MetricError(m, float(rs[m] or 0.0), float(ss[m] or 0.0)) for m in METRICS]
-    rows.append(MetricError("busy_s", real_busy, sim_busy))
-    return Fidelity(tuple(rows), rs, ss)
+    """One real run against one simulated, after checking both finished the same requests."""
+    check_requests(real.summary()["requests"], sim)
+    return compare(figures(real, real_busy), figures(sim, sim_busy))
+
+
+def check_requests(real: int, sim: EngineReport) -> None:
+    if real != sim.summary()["requests"]:
+        raise ValueError(f"the real run finished {real} requests, the simulated "
+                         f"{sim.summary()['requests']}")
 
 
 def warm_up(ex, vocab: int) -> None:
@@ -146,13 +187,29 @@ def price_steps(steps, cost: ProfiledCostModel) -> list[KindError]:
 
 
 def run_real(workload, cfg: EngineConfig, ex) -> tuple[EngineReport, float]:
-    """The workload through the engine on a TorchExecutor: (report, executor busy seconds)."""
+    """The workload through the engine on a TorchExecutor after a few warm-up steps:
+    (report, executor busy seconds)."""
     warm_up(ex, ex.args.vocab_size)
     if isinstance(ex, StepLog):
         ex.steps.clear()                  # the warm-up's steps are not the run's
     busy0 = ex.busy_s
     rep = _run(workload, cfg, ex)
     return rep, ex.busy_s - busy0
+
+
+def run_real_runs(workload, cfg: EngineConfig, ex, runs: int) -> RealRuns:
+    """One untimed pass of the workload through the engine on a TorchExecutor, then `runs`
+    timed ones (module doc). A StepLog keeps the timed runs' steps only."""
+    positive_int(runs, "real runs")
+    cold_rep, cold_busy = run_real(workload, cfg, ex)
+    if isinstance(ex, StepLog):
+        ex.steps.clear()
+    out = []
+    for _ in range(runs):
+        busy0 = ex.busy_s
+        rep = _run(workload, cfg, ex)
+        out.append(figures(rep, ex.busy_s - busy0))
+    return RealRuns(tuple(out), figures(cold_rep, cold_busy), cold_rep.summary()["requests"])
 
 
 def speed_check(ex, profile, points: int = 12, seed: int = 0) -> float:

@@ -1,6 +1,7 @@
 """`radixkv validate`: one workload through the real engine (TorchExecutor) and through the
 simulator priced by a profile, TTFT / E2E percentiles and makespan side by side with the
-relative error of each (radixkv.calibration.fidelity)."""
+relative error of each (radixkv.calibration.fidelity): the real figures are the median of
+--real-runs timed runs after an untimed pass, with how far those runs spread."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,7 @@ from radixkv.commands.output import (Outputs, check_file_target, console, metada
 from radixkv.commands.torch_flags import add_torch_flag
 from radixkv.shapes import MODEL_CONFIGS
 from radixkv.sim.profile import load_profile
+from radixkv.validate import positive_int
 
 # Workloads scaled for a tiny model on a CPU (a real run of each takes a few seconds).
 CPU_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -31,6 +33,7 @@ CPU_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 DEFAULT_TOKENS = 65536
 TOLERANCE = 0.10
+REAL_RUNS = 5
 
 
 def register(subparsers: Any) -> None:
@@ -39,7 +42,9 @@ def register(subparsers: Any) -> None:
         description="Run one workload through the engine on the real model (as generate) and "
                     "on the simulator priced by --profile (as simulate), and print TTFT p50/p90, "
                     "E2E p50/p90 and makespan side by side with each relative error "
-                    "(simulated / real - 1). CPU-sized defaults: "
+                    "(simulated / real - 1). The real figures are the median of --real-runs "
+                    "timed runs after one untimed pass of the workload, which meets each step "
+                    "shape for the first time. CPU-sized defaults: "
                     + "; ".join(f"{w}: " + ", ".join(f"{k}={v}" for k, v in kw.items())
                                 for w, kw in CPU_DEFAULTS.items()) + ".")
     p.add_argument("--model", default="tiny-llama", metavar="NAME|DIR",
@@ -51,6 +56,10 @@ def register(subparsers: Any) -> None:
     add_config_flags(p, caches="one", scheduler=True, max_total_tokens=str(DEFAULT_TOKENS))
     add_torch_flag(p, "--device", default="the profile's device")
     add_torch_flag(p, "--threads", default=", as calibrate")
+    p.add_argument("--real-runs", type=int, default=REAL_RUNS, metavar="N",
+                   help=f"timed runs of the workload on the real engine, after an untimed one; "
+                        f"each figure's median is compared, and the runs' spread printed beside "
+                        f"it (default: {REAL_RUNS})")
     p.add_argument("--speed-check", action="store_true",
                    help="re-time a dozen of the profile's grid steps before and after the real "
                         "run, print how much faster or slower this machine runs now, and add "
@@ -70,10 +79,12 @@ def _signed(x: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from radixkv.calibration.fidelity import (StepLog, compare_reports, price_steps, run_real,
-                                              run_simulated, speed_check)
+    from radixkv.calibration.fidelity import (StepLog, check_requests, compare, figures,
+                                              price_steps, run_real_runs, run_simulated,
+                                              speed_check)
     from radixkv.model.setup import model_args, torch_target  # the torch extra: only here
 
+    positive_int(args.real_runs, "--real-runs")
     if args.json is not None:
         check_file_target(args.json, "--json")
     prof = load_profile(args.profile, model=model_args(args.model).name)
@@ -100,33 +111,40 @@ def run(args: argparse.Namespace) -> int:
                 speeds.append(speed_check(ex, prof))
 
     check_speed()
-    with con.status(f"real run: {ex.name}, {len(wl)} requests"):
+    with con.status(f"real runs: {ex.name}, {len(wl)} requests, an untimed pass and "
+                    f"{args.real_runs} timed"):
         log = StepLog(ex) if args.steps else None
-        real, real_busy = run_real(wl, cfg, log or ex)
+        runs = run_real_runs(wl, cfg, log or ex, args.real_runs)
     check_speed()
     cost = prof.cost_model()
     kinds = None if log is None else price_steps(log.steps, cost)
     sim, sim_busy = run_simulated(wl, cfg, cost)
-    fid = compare_reports(real, real_busy, sim, sim_busy)
+    check_requests(runs.requests, sim)
+    real, spread = runs.median(), runs.spread()
+    fid = compare(real, figures(sim, sim_busy))
     speed = math.sqrt(speeds[0] * speeds[1]) if speeds else None
-    at = None if speed is None else compare_reports(
-        real, real_busy, *run_simulated(wl, cfg, prof.cost_model(speed)))
+    at = None if speed is None else compare(
+        real, figures(*run_simulated(wl, cfg, prof.cost_model(speed))))
     table = Table(title=f"{wl.name} ({len(wl)} requests) · {cfg.cache.label} · {ex.name} "
                         f"({ex.attention.name}) vs profile {args.profile}")
-    cols = ["metric", "real s", "simulated s", "error"] + \
+    cols = ["metric", "real s", "real spread", "simulated s", "error"] + \
         ([] if at is None else [f"simulated x{speed:.2f} s", f"error x{speed:.2f}"])
     for col in cols:
         table.add_column(col, justify="left" if col == "metric" else "right")
     for i, r in enumerate(fid.rows):
-        cells = [r.metric, f"{r.real:.4f}", f"{r.simulated:.4f}", _signed(r.relative_error)]
+        cells = [r.metric, f"{r.real:.4f}", pct(spread[r.metric]), f"{r.simulated:.4f}",
+                 _signed(r.relative_error)]
         if at is not None:
             cells += [f"{at.rows[i].simulated:.4f}", _signed(at.rows[i].relative_error)]
         table.add_row(*cells)
     con.print(table)
     w = fid.worst
-    con.print(f"worst: {w.metric} {w.relative_error:+.1%} · steps real {real.steps}, simulated "
-              f"{sim.steps} · {'within' if fid.within(TOLERANCE) else 'OUTSIDE'} "
-              f"{TOLERANCE:.0%}", highlight=False)
+    con.print(f"real: the median of {args.real_runs} timed runs after an untimed one (spread: "
+              f"their largest - smallest, over the median) · simulated steps {sim.steps}",
+              highlight=False)
+    con.print(f"worst: {w.metric} {w.relative_error:+.1%} · "
+              f"{'within' if fid.within(TOLERANCE) else 'OUTSIDE'} {TOLERANCE:.0%}",
+              highlight=False)
     if at is not None:
         wa = at.worst
         con.print(f"speed check: this machine ran the profile's steps x{speeds[0]:.3f} before "
@@ -149,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
                        results=[{"metric": r.metric, **r.as_dict()} for r in fid.rows],
                        timing=cost.timing)
         doc["metrics"] = {r.metric: r.as_dict() for r in fid.rows}
+        doc["real_runs"] = list(runs.runs)
+        doc["real_spread"] = spread
+        doc["cold_run"] = runs.cold
         if at is not None:
             doc["speed"] = {"before": speeds[0], "after": speeds[1], "simulated_at": speed}
             doc["metrics_at_speed"] = {r.metric: r.as_dict() for r in at.rows}

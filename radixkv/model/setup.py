@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import torch
 
 from radixkv.cache.pool import host_memory_bytes
+from radixkv.model.host_heap import keep_heap
 from radixkv.shapes import MODEL_CONFIGS, ModelArgs
 from radixkv.validate import positive_int
 
@@ -46,6 +47,7 @@ class TorchTarget(NamedTuple):
         from radixkv.model.executor import TorchExecutor
         if self.device.type == "cpu":
             torch.set_num_threads(self.threads)
+            keep_heap()
         return TorchExecutor.from_config(self.model, slots, device=self.device, dtype=self.dtype,
                                          **options)
 

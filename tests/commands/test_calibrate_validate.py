@@ -84,6 +84,38 @@ def test_validate_reports_each_metric(profile, tmp_path):
                  "--vocab-size", "259"]) == 0
 
 
+def test_validate_compares_the_median_of_the_timed_real_runs(profile, tmp_path):
+    """--real-runs 3: three timed runs after an untimed one; each real figure is their median
+    and its spread (largest - smallest) / median; the simulation is run once."""
+    import numpy as np
+    out = tmp_path / "v.json"
+    assert main(["validate", "--model", "tiny-llama", "--profile", str(profile), "support",
+                 "--users", "3", "--turns", "2", "--seed", "5", "--real-runs", "3",
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    runs = doc["real_runs"]
+    assert len(runs) == 3 and set(doc["cold_run"]) == set(runs[0]) == set(doc["metrics"])
+    for k, m in doc["metrics"].items():
+        vals = [r[k] for r in runs]
+        assert m["real"] == float(np.median(vals))
+        assert doc["real_spread"][k] == pytest.approx((max(vals) - min(vals)) / m["real"])
+
+
+def test_real_runs_median_and_spread_exactly():
+    from radixkv.calibration.fidelity import EXTRA, METRICS, RealRuns, compare
+    keys = METRICS + EXTRA
+    runs = tuple({k: v * (i + 1) for i, k in enumerate(keys)} for v in (1.0, 4.0, 2.0, 3.0))
+    rr = RealRuns(runs, cold={k: 9.0 for k in keys}, requests=7)
+    med = rr.median()
+    assert med == {k: 2.5 * (i + 1) for i, k in enumerate(keys)}     # even count: the middle two
+    assert rr.spread() == {k: pytest.approx(3 / 2.5) for k in keys}
+    zero = RealRuns(({k: 0.0 for k in keys},) * 2, cold={}, requests=1)
+    assert zero.spread() == {k: 0.0 for k in keys}
+    fid = compare(med, {k: 2.75 * (i + 1) for i, k in enumerate(keys)})
+    assert [r.metric for r in fid.rows] == list(keys)
+    assert all(r.relative_error == pytest.approx(0.1) for r in fid.rows)
+
+
 def test_validate_speed_check_reports_the_drift_and_a_run_at_that_speed(profile, tmp_path):
     out = tmp_path / "v.json"
     assert main(["validate", "--model", "tiny-llama", "--profile", str(profile), "support",
@@ -94,7 +126,7 @@ def test_validate_speed_check_reports_the_drift_and_a_run_at_that_speed(profile,
     assert sp["simulated_at"] == pytest.approx((sp["before"] * sp["after"]) ** 0.5)
     assert set(doc["metrics_at_speed"]) == set(doc["metrics"])
     for k, m in doc["metrics_at_speed"].items():
-        assert m["real"] == doc["metrics"][k]["real"]       # one real run, two simulations
+        assert m["real"] == doc["metrics"][k]["real"]       # the same real runs, two simulations
         assert m["relative_error"] == pytest.approx(m["simulated"] / m["real"] - 1)
 
 
@@ -107,6 +139,8 @@ def test_validate_speed_check_reports_the_drift_and_a_run_at_that_speed(profile,
     (["simulate", "--tp", "3"], "tp 3 does not divide"),
     (["calibrate", "--model", "nope", "--out", "{tmp}/x.json"], "unknown model 'nope'"),
     (["calibrate", "--passes", "0", "--out", "{tmp}/x.json"], "--passes must be a positive int, got 0"),
+    (["validate", "--profile", "{profile}", "--real-runs", "0", "support"],
+     "--real-runs must be a positive int, got 0"),
 ])
 def test_one_line_errors(profile, tmp_path, capsys, argv, needle):
     bad = tmp_path / "bad.json"
@@ -170,7 +204,9 @@ def test_validate_steps_prices_each_kind_of_real_step(profile, tmp_path):
     kinds = doc["steps"]
     assert [k["kind"] for k in kinds] == [k for k in STEP_KINDS if k in {x["kind"] for x in kinds}]
     assert {"prefill", "decode 1"} <= {k["kind"] for k in kinds}
-    assert sum(k["real"] for k in kinds) == pytest.approx(doc["metrics"]["busy_s"]["real"])
+    # the timed runs' steps, the untimed pass's left out
+    assert sum(k["real"] for k in kinds) == pytest.approx(
+        sum(r["busy_s"] for r in doc["real_runs"]))
     assert sum(k["share"] for k in kinds) == pytest.approx(1.0)
     for k in kinds:
         assert k["steps"] > 0 and k["priced"] > 0
