@@ -62,13 +62,13 @@ def register(subparsers: Any) -> None:
                         f"it (default: {REAL_RUNS})")
     p.add_argument("--speed-check", action="store_true",
                    help="re-time a dozen of the profile's grid steps before and after the real "
-                        "run, print how much faster or slower this machine runs now, and add "
+                        "runs, print how much faster or slower this machine runs now, and add "
                         "the errors of a simulation at that speed (a shared machine drifts)")
     p.add_argument("--steps", action="store_true",
-                   help="also price each of the real run's steps by the profile and print, per "
-                        "kind of step (prefill, decodes by batch size), the real seconds and the "
-                        "error of the priced ones: where the profile misses, apart from how the "
-                        "two runs' schedules differ")
+                   help="also price each of the timed real runs' steps by the profile and "
+                        "print, per kind of step (prefill, decodes by batch size), the real "
+                        "seconds and the error of the priced ones: where the profile misses, "
+                        "apart from how the two sides' schedules differ")
     p.add_argument("--json", type=Path, metavar="OUT",
                    help="also write per metric real, simulated and relative_error as JSON")
     p.set_defaults(func=run)
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{'within' if at.within(TOLERANCE) else 'OUTSIDE'} {TOLERANCE:.0%}",
                   highlight=False)
     if kinds is not None:
-        kt = Table(title="the real run's steps priced by the profile, by kind")
+        kt = Table(title="the timed real runs' steps priced by the profile, by kind")
         for col in ("steps", "real s", "share", "priced s", "error"):
             kt.add_column(col, justify="right")
         kt.add_column("kind", justify="left")

@@ -7,10 +7,10 @@ step: on tiny-llama, 63 prefill segments of 32 tokens after a shared 2,000-token
 365-440 ms a step with glibc's defaults (half of the process's time in the kernel), 238-255 ms
 with the heap kept. The first step of each new largest size still grows the heap once.
 
-keep_heap() makes every allocation come from the heap (M_MMAP_MAX 0) and never trims it
-(M_TRIM_THRESHOLD at 2 GiB): pages once faulted are reused, and the process keeps the
-resident memory of its largest step, as jemalloc or tcmalloc would. A thread's own arena still
-maps an allocation over its 64 MiB heap size. RADIXKV_CPU_HEAP=release (radixkv.env) leaves
+keep_heap() makes every allocation come from the heap (M_MMAP_MAX 0) and trims it only past
+2 GiB of free top (M_TRIM_THRESHOLD): pages once faulted are reused, and the process keeps the
+resident memory of its largest step, much as a caching allocator does. A thread's own arena
+still maps an allocation over its 64 MiB heap size. RADIXKV_CPU_HEAP=release (radixkv.env) leaves
 glibc's defaults. Elsewhere than glibc nothing is changed.
 """
 from __future__ import annotations
