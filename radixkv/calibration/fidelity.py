@@ -106,9 +106,9 @@ def compare_reports(real: EngineReport, real_busy: float, sim: EngineReport,
 
 
 def check_requests(real: int, sim: EngineReport) -> None:
-    if real != sim.summary()["requests"]:
-        raise ValueError(f"the real run finished {real} requests, the simulated "
-                         f"{sim.summary()['requests']}")
+    done = sim.summary()["requests"]
+    if real != done:
+        raise ValueError(f"the real run finished {real} requests, the simulated {done}")
 
 
 def warm_up(ex, vocab: int) -> None:
@@ -192,6 +192,10 @@ def run_real(workload, cfg: EngineConfig, ex) -> tuple[EngineReport, float]:
     warm_up(ex, ex.args.vocab_size)
     if isinstance(ex, StepLog):
         ex.steps.clear()                  # the warm-up's steps are not the run's
+    return _timed_run(workload, cfg, ex)
+
+
+def _timed_run(workload, cfg: EngineConfig, ex) -> tuple[EngineReport, float]:
     busy0 = ex.busy_s
     rep = _run(workload, cfg, ex)
     return rep, ex.busy_s - busy0
@@ -204,12 +208,8 @@ def run_real_runs(workload, cfg: EngineConfig, ex, runs: int) -> RealRuns:
     cold_rep, cold_busy = run_real(workload, cfg, ex)
     if isinstance(ex, StepLog):
         ex.steps.clear()
-    out = []
-    for _ in range(runs):
-        busy0 = ex.busy_s
-        rep = _run(workload, cfg, ex)
-        out.append(figures(rep, ex.busy_s - busy0))
-    return RealRuns(tuple(out), figures(cold_rep, cold_busy), cold_rep.summary()["requests"])
+    out = tuple(figures(*_timed_run(workload, cfg, ex)) for _ in range(runs))
+    return RealRuns(out, figures(cold_rep, cold_busy), cold_rep.summary()["requests"])
 
 
 def speed_check(ex, profile, points: int = 12, seed: int = 0) -> float:

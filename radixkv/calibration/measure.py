@@ -148,8 +148,8 @@ def time_point(ex: TorchExecutor, point: Point, repeats: int, rng: np.random.Gen
     WARM_S (at most WARM_RUNS, at least one): a decode after other steps takes ~10 runs to
     settle (a one-request decode at a 1,280-token context after a 2,048-token prefill: 5.6 ms,
     then 3.7, 3.3, 3.0 ms, 2.4 ms ten runs on), and a real run's decodes mostly follow decodes.
-    Back to back, as a real run's steps are: the scheduler's work between them leaves the weights and the running
-    requests' KV in the CPU caches (a decode of one 64-token context: 0.53 ms warm, 2.0 ms
+    Back to back, as a real run's steps are: the scheduler's work between them leaves the
+    weights and the running requests' KV in the CPU caches (a decode of one 64-token context: 0.53 ms warm, 2.0 ms
     after writing 64 MiB elsewhere; real runs' decodes took 0.5-0.6 ms). The mean, not the
     minimum: a real run's steps share the machine as these do, stalls included, and what a
     simulation adds up is their expected time."""

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from radixkv.shapes import ModelArgs
-from radixkv.sim.ratio_grid import DECODE_AT, RatioGrid
+from radixkv.sim.ratio_grid import RatioGrid, check_decode_at
 from radixkv.sim.specs import ModelSpec
 
 FEATURES = ("step", "segment", "linear_flops", "attn_flops", "padded_attn_flops",
@@ -236,9 +236,7 @@ class Profile:
         s = self.spill_bytes
         if s is not None and not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
             raise ValueError(f"profile spill_bytes must be a finite number > 0 or null, got {s!r}")
-        if self.decode_at not in DECODE_AT:
-            raise ValueError(f"profile decode_at must be one of {', '.join(DECODE_AT)}, got "
-                             f"{self.decode_at!r}")
+        check_decode_at(self.decode_at, "profile")
         if self.corrected and not any(RatioGrid.on_grid((x.segments, x.contexts))
                                       for x in self.samples):
             raise ValueError("a profile priced by its grid's ratio needs its grid samples, and "

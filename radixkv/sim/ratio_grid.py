@@ -45,6 +45,13 @@ Step = tuple[Sequence[tuple[int, int]], Sequence[int]]      # (prefill segments,
 DECODE_AT = ("mean", "max")      # the context a decode batch is looked up at (module doc)
 
 
+def check_decode_at(v, what: str) -> str:
+    """`v` if it is one of DECODE_AT, else a ValueError naming `what` and the value."""
+    if v not in DECODE_AT:
+        raise ValueError(f"{what} decode_at must be one of {', '.join(DECODE_AT)}, got {v!r}")
+    return v
+
+
 def axis_cell(axis: Sequence[float], u: float) -> tuple[int, float]:
     """The segment [i, i+1] of the axis holding u (the end ones beyond it) and u's weight
     (outside [0, 1] beyond the axis): also radixkv.sim.measured's table lookup."""
@@ -53,7 +60,7 @@ def axis_cell(axis: Sequence[float], u: float) -> tuple[int, float]:
 
 
 def decode_coords(batch: int, ctx: float) -> tuple[float, float]:
-    """A decode batch's coordinates: its size and its mean context."""
+    """A decode batch's coordinates: its size and the context it is looked up at."""
     return (math.log(batch), math.log1p(ctx))
 
 
@@ -100,10 +107,7 @@ class RatioGrid:
 
     def __init__(self, steps: Sequence[Step], log_ratios: Sequence[float],
                  decode_at: str = "mean"):
-        if decode_at not in DECODE_AT:
-            raise ValueError(f"ratio grid: decode_at must be one of {', '.join(DECODE_AT)}, "
-                             f"got {decode_at!r}")
-        self.decode_at = decode_at
+        self.decode_at = check_decode_at(decode_at, "ratio grid:")
         dec: dict[tuple[float, ...], float] = {}
         pre: dict[tuple[float, ...], float] = {}
         for (segs, ctxs), r in zip(steps, log_ratios):
