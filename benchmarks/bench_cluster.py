@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from radixkv.config import CacheConfig, EngineConfig  # noqa: E402
 from radixkv.offline.replay import collect_simulation  # noqa: E402
-from radixkv.router.cluster import ClusterConfig, run_cluster  # noqa: E402
+from radixkv.offline.cluster.simulator import ClusterConfig, run_cluster  # noqa: E402
 from radixkv.sim.costmodel import CostModel  # noqa: E402
 from radixkv.workloads import load_workload, make_workload  # noqa: E402
 

@@ -28,7 +28,7 @@ SETTINGS = ("release", "keep")
 
 def child(workload: str, runs: int) -> None:
     """One setting (from the environment), one workload: print its figures as JSON."""
-    from radixkv.calibration.fidelity import run_real_runs
+    from radixkv.offline.calibration.fidelity import run_real_runs
     from radixkv.commands.validate import CPU_DEFAULTS, DEFAULT_TOKENS
     from radixkv.config import CacheConfig, EngineConfig
     from radixkv.model.host_heap import keep_heap

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from radixkv.config import CacheConfig
-from radixkv.planning.onepass import lru_hit_curve
+from radixkv.offline.planning.onepass import lru_hit_curve
 from radixkv.offline.replay import replay
 from radixkv.workloads import load_workload, make_workload
 

@@ -7,7 +7,7 @@
    3 turns, 16-32 forced reply tokens, 12 RAG requests), radix vs no cache: prefill tokens,
    wall time, TTFT p50, tokens/s and the speed-up, as a markdown table (--out FILE or stdout).
 
-3. Simulator fidelity: calibrate the same model (radixkv.calibration.measure, the CUDA grid), then run
+3. Simulator fidelity: calibrate the same model (radixkv.offline.calibration.measure, the CUDA grid), then run
    the support workload on the real engine and on the profiled simulator: TTFT p50/p90, E2E
    p50/p90, makespan and each relative error (the `radixkv validate` table).
 4. Attention backends: the timing of 2. with the paged (flex_attention) backend and with the
@@ -94,8 +94,8 @@ def correctness(device: str, scale: float = 1.0) -> list[tuple[str, str]]:
 
 def fidelity(model: str, device: str, dtype: torch.dtype, wl_kw: dict, kv_capacity: int) -> str:
     """Calibrate, then the validate table on the support workload (markdown)."""
-    from radixkv.calibration.measure import Grid, calibrate, pool_slots
-    from radixkv.calibration.fidelity import compare_reports, run_real, run_simulated
+    from radixkv.offline.calibration.measure import Grid, calibrate, pool_slots
+    from radixkv.offline.calibration.fidelity import compare_reports, run_real, run_simulated
     grid = Grid.for_device(torch.device(device)) if device != "cpu" else Grid(repeats=1)
     ex = TorchExecutor.from_config(model, max(pool_slots(grid.points()), kv_capacity), seed=0,
                                    device=device, dtype=dtype)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from radixkv.cache.config import CacheConfig
 from radixkv.sched.config import SchedulerConfig
-from radixkv.validate import cli_flag, fields_at_least
+from radixkv.argcheck import cli_flag, fields_at_least
 
 __all__ = ["CacheConfig", "SchedulerConfig", "EngineConfig"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Generic, Iterator, TypeVar
 
-from radixkv.validate import choice
+from radixkv.argcheck import choice
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 
 @dataclass(frozen=True)

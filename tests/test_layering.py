@@ -6,8 +6,9 @@ other module lives in a room (a subpackage whose `__init__` docstring says what 
 ROOMS names every room and root module and what it may import (other rooms and root modules;
 the package itself, which holds only `__version__`, is open to all). Read bottom-up:
 
-    validate, env       leaves: the validation rules, the environment
+    argcheck, env       leaves: the argument checks, the environment
     registry, shapes    name -> object registries; the named model shapes
+    promtext            leaf: Prometheus text parsed (the load client and the gateway)
     cache/              prefix caches, slot pool, eviction orders, the request lifecycle; no torch
     sched/              requests, queue orders, admission, the scheduler; never the engine
     config              the engine's configuration, composing the cache's and the scheduler's
@@ -15,16 +16,18 @@ the package itself, which holds only `__version__`, is open to all). Read bottom
     engine/             the loop and the executor protocol: never model/ or sim/
     model/, sim/        the real model (torch) and the simulated GPU (no torch), never each other
     kvevents/           KV events in vLLM's format: wire, publisher, subscriber index
-    offline/            replay and simulation of a workload without a server
-    router/             routing policies and the cluster simulator: never torch or the server
-    planning/           capacity curves, and the deployment search over cluster simulations
-    calibration/        the real executor timed and compared with the simulator
-    plots/              pictures
+    router/             the routing policies: never torch, the server or the offline wing
     server/             the HTTP server; never a router, the commands or the cli
     rayserve/           the server's replicas on Ray Serve, the routers as its RequestRouter
     gateway/            `radixkv route`: the routers in front of any OpenAI-compatible fleet
     bench/              the HTTP load client and experiments on running servers: speaks HTTP,
                         never the engine or the server's code
+    offline/            the offline wing, nothing serving imports it: replay and simulation of a
+                        workload without a server, and below it, each a room of its own:
+      offline/cluster/      the cluster simulator over the routers
+      offline/planning/     capacity curves, and the deployment search over cluster simulations
+      offline/calibration/  the real executor timed and compared with the simulator
+      offline/plots/        pictures
     commands/, cli      the command line, over everything
 
 Every import statement counts, including lazy ones inside functions and TYPE_CHECKING blocks.
@@ -41,13 +44,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "radixkv"
 
-ROOT_MODULES = {"cli", "config", "validate", "registry", "env", "shapes"}
-_CORE = {"validate", "registry"}
+ROOT_MODULES = {"cli", "config", "argcheck", "registry", "env", "shapes", "promtext"}
+_CORE = {"argcheck", "registry"}
+# the offline wing's rooms, each a subpackage of radixkv/offline/
+WING = "offline"
+WING_ROOMS = {"cluster", "planning", "calibration", "plots"}
 ROOMS: dict[str, set[str]] = {
-    "validate": set(),
+    "argcheck": set(),
     "env": set(),
-    "registry": {"validate"},
-    "shapes": {"validate"},
+    "promtext": set(),
+    "registry": {"argcheck"},
+    "shapes": {"argcheck"},
     "cache": _CORE,
     "sched": {"cache"} | _CORE,
     "config": {"cache", "sched"} | _CORE,
@@ -56,28 +63,30 @@ ROOMS: dict[str, set[str]] = {
     "model": {"engine", "sched", "cache", "config", "shapes", "env"} | _CORE,
     "sim": {"engine", "sched", "cache", "config", "shapes", "env"} | _CORE,   # env: the tables' cache
     "kvevents": {"cache"} | _CORE,
-    "offline": {"engine", "sched", "cache", "config", "sim", "workloads"} | _CORE,
-    "router": {"engine", "sched", "cache", "config", "sim", "kvevents", "offline",
-               "workloads"} | _CORE,
-    "planning": {"offline", "engine", "sched", "cache", "config", "sim", "workloads",
-                 "router"} | _CORE,
-    "calibration": {"model", "sim", "engine", "sched", "cache", "config", "workloads",
-                    "shapes"} | _CORE,
-    "plots": {"engine", "planning", "router"} | _CORE,
+    "router": {"engine", "sched", "cache", "config", "sim", "kvevents", "workloads"} | _CORE,
     "server": {"engine", "sched", "cache", "config", "model", "sim", "kvevents", "workloads",
                "shapes", "env"} | _CORE,
     "rayserve": {"server", "router", "kvevents", "engine", "sched", "cache", "config", "sim",
                  "shapes"} | _CORE,
     "gateway": {"router", "kvevents", "model", "server", "sim", "cache", "sched", "engine",
-                "config", "shapes", "bench"} | _CORE,
-    "bench": {"workloads", "shapes"} | _CORE,
-    "commands": {"bench", "cache", "calibration", "config", "engine", "kvevents", "model",
-                 "offline", "planning", "plots", "rayserve", "router", "sched", "server", "gateway",
-                 "shapes", "sim", "workloads", "env"} | _CORE,
+                "config", "shapes", "promtext"} | _CORE,
+    "bench": {"workloads", "shapes", "promtext"} | _CORE,
+    "offline": {"engine", "sched", "cache", "config", "sim", "workloads"} | _CORE,
+    "offline.cluster": {"offline", "engine", "sched", "cache", "config", "sim", "workloads",
+                        "router"} | _CORE,
+    "offline.planning": {"offline", "offline.cluster", "engine", "sched", "cache", "config",
+                         "sim", "workloads", "router"} | _CORE,
+    "offline.calibration": {"model", "sim", "engine", "sched", "cache", "config", "workloads",
+                            "shapes"} | _CORE,
+    "offline.plots": {"engine", "offline.planning", "offline.cluster"} | _CORE,
+    "commands": {"bench", "cache", "offline.calibration", "config", "engine", "kvevents", "model",
+                 "offline", "offline.planning", "offline.plots", "offline.cluster", "rayserve",
+                 "router", "sched", "server", "gateway", "shapes", "sim", "workloads",
+                 "env"} | _CORE,
     "cli": {"commands"},
 }
 # torch only where the real model runs (env imports it lazily to tell whether CUDA is there)
-TORCH = {"model", "calibration", "env"}
+TORCH = {"model", "offline.calibration", "env"}
 MAX_LINES = 450
 
 
@@ -115,8 +124,13 @@ def modules(pkg: Path) -> dict[str, Path]:
 
 
 def unit_of(module: str) -> str:
-    """The room or root module a module belongs to ("" for the package itself)."""
+    """The room or root module a module belongs to ("" for the package itself); a module of
+    one of the offline wing's rooms belongs to "offline.ROOM"."""
     parts = module.split(".")
+    if len(parts) > 3 and parts[1] == WING and parts[2] in WING_ROOMS:
+        return f"{WING}.{parts[2]}"
+    if len(parts) == 3 and parts[1] == WING and parts[2] in WING_ROOMS:
+        return f"{WING}.{parts[2]}"     # the room's own __init__
     return parts[1] if len(parts) > 1 else ""
 
 
@@ -126,7 +140,12 @@ def loose_modules(pkg: Path) -> set[str]:
 
 
 def rooms_on_disk(pkg: Path) -> set[str]:
-    return {d.name for d in pkg.iterdir() if d.is_dir() and any(d.rglob("*.py"))}
+    """Every subpackage holding code; the offline wing's rooms as "offline.ROOM"."""
+    top = {d.name for d in pkg.iterdir() if d.is_dir() and any(d.rglob("*.py"))}
+    wing = pkg / WING
+    inner = {f"{WING}.{d.name}" for d in wing.iterdir()
+             if d.is_dir() and any(d.rglob("*.py"))} if wing.is_dir() else set()
+    return top | inner
 
 
 def import_graph(pkg: Path) -> dict[str, set[str]]:
@@ -188,8 +207,9 @@ def violations(unit: str) -> list[str]:
         for line, target in imports_of(path.read_text(), mod, path.name == "__init__.py"):
             parts = target.split(".")
             where = f"{path.relative_to(ROOT)}:{line}"
-            if parts[0] == "radixkv" and len(parts) > 1 and parts[1] != unit \
-                    and parts[1] not in ROOMS[unit] and parts[1] != "__version__":
+            to = unit_of(target)
+            if parts[0] == "radixkv" and to not in ("", unit, "__version__") \
+                    and to not in ROOMS[unit]:
                 bad.append(f"{where} imports {target}")
             if unit not in TORCH and parts[0] == "torch":
                 bad.append(f"{where} imports {target}")
@@ -198,7 +218,7 @@ def violations(unit: str) -> list[str]:
 
 # ---- the house ----------------------------------------------------------------------------
 def test_root_holds_only_the_leaves():
-    assert len(ROOT_MODULES) <= 6
+    assert len(ROOT_MODULES) <= 7
     loose = loose_modules(PKG)
     assert sorted(loose - ROOT_MODULES) == [], "modules outside any room"
     assert sorted(ROOT_MODULES - loose) == [], "root modules listed but missing"
@@ -208,7 +228,7 @@ def test_every_room_is_named_and_says_what_it_holds():
     rooms = rooms_on_disk(PKG)
     assert rooms == set(ROOMS) - ROOT_MODULES
     for room in sorted(rooms):
-        init = PKG / room / "__init__.py"
+        init = PKG.joinpath(*room.split(".")) / "__init__.py"
         assert init.is_file(), f"radixkv/{room} has no __init__.py"
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and len(doc.split()) >= 8, f"radixkv/{room}/__init__.py says not what it holds"

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import httpx
 
 from radixkv.bench.stats import RequestRecord, summarize
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 from radixkv.workloads import TraceRequest, Workload
 from radixkv.workloads.sessions import SessionArrivals, SessionChain, SessionQueue
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from radixkv.bench.client import BenchResult
 from radixkv.shapes import MODEL_CONFIGS
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 from radixkv.workloads import Workload, make_workload
 
 CONFIGS: dict[str, list[str]] = {

@@ -13,6 +13,8 @@ from typing import Sequence
 
 import httpx
 
+from radixkv.promtext import parse_metrics
+
 LISTENING = re.compile(r"radixkv serve: listening on (https?://\S+)")
 # lines of the server's stderr an error message quotes
 STDERR_TAIL = 8
@@ -105,18 +107,6 @@ class ServerProcess:
         self._stderr.close()
         self.proc = None
         return p.returncode
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> sample name -> value summed over its label sets, for counters,
-    gauges and untyped samples (a counter `x` appears as `x_total`)."""
-    from prometheus_client.parser import text_string_to_metric_families
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.type in ("counter", "gauge", "untyped", "unknown"):
-            for s in fam.samples:
-                out[s.name] = out.get(s.name, 0.0) + float(s.value)
-    return out
 
 
 def scrape_metrics(base_url: str, timeout: float = 10.0) -> dict[str, float]:

@@ -23,7 +23,7 @@ import numpy as np
 from radixkv.cache.events import EventRun, KVEvent
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS, as_slots
-from radixkv.validate import an_int, count, positive_int
+from radixkv.argcheck import an_int, count, positive_int
 
 
 class MatchResult(NamedTuple):

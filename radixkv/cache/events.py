@@ -16,7 +16,7 @@ import xxhash
 
 from radixkv.cache.key import TOKEN_BYTES, token_struct
 from radixkv.cache.sim_hash import SIM_HASH, sim64_chain
-from radixkv.validate import choice
+from radixkv.argcheck import choice
 
 HASH_ALGOS = ("sha256", "xxhash")            # what a user chooses: hashes the peers publish too
 EVENT_HASHES = HASH_ALGOS + (SIM_HASH,)      # and the in-process one (cache/sim_hash.py)

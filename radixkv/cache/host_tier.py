@@ -23,7 +23,7 @@ import numpy as np
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
-from radixkv.validate import choice, positive_int
+from radixkv.argcheck import choice, positive_int
 
 WRITE_POLICIES = ("write_back", "write_through")
 

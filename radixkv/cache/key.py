@@ -12,7 +12,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from radixkv.validate import is_int, optional_str
+from radixkv.argcheck import is_int, optional_str
 
 TOKEN_BYTES = 4                 # bytes per token id (uint32): `buf` holds len * TOKEN_BYTES
 _ITEM = TOKEN_BYTES

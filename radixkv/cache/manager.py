@@ -32,7 +32,7 @@ import numpy as np
 from radixkv.cache.base import MatchResult, PrefixCache
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS, OutOfSlotsError, SlotPool, round_up
-from radixkv.validate import count
+from radixkv.argcheck import count
 
 
 PIN_SHARE = 4          # the default pin budget: a quarter of the pool

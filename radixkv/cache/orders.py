@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Hashable
 
-from radixkv.validate import finite_at_least, int_at_least, is_int
+from radixkv.argcheck import finite_at_least, int_at_least, is_int
 
 TokenCost = Callable[[int, int], float]
 

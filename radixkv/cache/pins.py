@@ -15,7 +15,7 @@ import math
 from typing import Any, NamedTuple
 
 from radixkv.cache.key import RadixKey
-from radixkv.validate import finite_at_least
+from radixkv.argcheck import finite_at_least
 
 
 class Pin(NamedTuple):

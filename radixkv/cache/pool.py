@@ -10,7 +10,7 @@ from typing import Iterable
 
 import numpy as np
 
-from radixkv.validate import count, is_int, positive_int
+from radixkv.argcheck import count, is_int, positive_int
 
 SLOT_DTYPE = np.int64
 _SMALL = 64                 # free() batches up to this size take the plain-Python path

@@ -31,7 +31,7 @@ from radixkv.cache.pool import EMPTY_SLOTS
 from radixkv.cache.radix_check import TreeChecks
 from radixkv.cache.radix_evict import LeafEviction
 from radixkv.cache.radix_node import TreeNode, node_id, node_ids
-from radixkv.validate import choice
+from radixkv.argcheck import choice
 
 EVICT_GRANULARITIES = ("node", "page")     # what one eviction step removes: a leaf, or pages
 

@@ -11,7 +11,7 @@ from typing import Any
 from radixkv.commands.output import check_file_target, console
 from radixkv.commands.torch_flags import add_torch_flag
 from radixkv.shapes import MODEL_CONFIGS
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from radixkv.calibration.measure import Grid, calibrate, pool_slots  # torch: only here
+    from radixkv.offline.calibration.measure import Grid, calibrate, pool_slots  # torch: only here
     from radixkv.sim.profile import held_out
     from radixkv.model.setup import torch_target
 

@@ -18,13 +18,13 @@ from radixkv.commands.output import (Outputs, check_file_target, console, metada
                                      progress_bar, workload_info)
 from radixkv.offline.simulate import REFERENCE
 from radixkv.router import ROUTERS
-from radixkv.router.cluster import ClusterConfig
-from radixkv.router.disagg import DECODE_ROUTER, DisaggConfig, decode_engine
+from radixkv.offline.cluster.simulator import ClusterConfig
+from radixkv.offline.cluster.disagg import DECODE_ROUTER, DisaggConfig, decode_engine
 from radixkv.sim.kv_links import DEFAULT_KV_LINK, KV_LINKS
-from radixkv.router.compare import run_routers
+from radixkv.offline.cluster.compare import run_routers
 from radixkv.router.options import parse_router_options
-from radixkv.router.results import ClusterResult
-from radixkv.validate import positive_int
+from radixkv.offline.cluster.results import ClusterResult
+from radixkv.argcheck import positive_int
 
 # KV per replica on a profile's device (a named GPU gets the engine's own allocation): ~48.8
 # GiB of Llama-3-8B KV, about what an 80 GB GPU keeps after the weights
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
             out.write_json(args.json, {**doc, **cluster_meta(config), **arrivals_meta(arrivals),
                                        "router_options": set_options})
         if args.plot is not None:
-            from radixkv.plots.cluster import plot_cluster
+            from radixkv.offline.plots.cluster import plot_cluster
             plot_cluster(results, out.path(args.plot), title)
     for path in (args.json, args.plot):
         if path is not None:

@@ -18,7 +18,7 @@ from radixkv.commands.inputs import (add_arrivals_args, add_concurrency_arg, add
 from radixkv.commands.output import (Outputs, check_dir_target, console, engine_row, metadata, pct,
                                      progress_bar, seconds, workload_info)
 from radixkv.offline.simulate import REFERENCE, Named, compare, reference_configs
-from radixkv.plots.compare import plot_compare, plot_timeline
+from radixkv.offline.plots.compare import plot_compare, plot_timeline
 
 FILES = ("compare.json", "compare.png", "timeline.png")
 

@@ -12,7 +12,7 @@ from radixkv.engine.presets import EngineDefaults, engine_defaults
 from radixkv.sim.costmodel import CostModel
 from radixkv.sim.measured import MeasuredCostModel, named_replica
 from radixkv.sim.profile import ProfiledCostModel, load_profile
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 DEFAULT_MODEL, DEFAULT_GPU = "llama-3-8b", "h100-sxm"
 

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Literal
 from radixkv.cache.pool import SlotPool
 from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
 from radixkv.engine.presets import EngineDefaults
-from radixkv.validate import parse_capacity
+from radixkv.argcheck import parse_capacity
 
 BLOCK_SIZE = 16                     # vLLM's default block
 CACHE_KINDS = ("radix", "blockhash", "none")

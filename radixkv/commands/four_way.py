@@ -17,10 +17,10 @@ from radixkv.bench.process import ServerProcess, scrape_metrics
 from radixkv.commands.bench_serve import cell, finite_or_str
 from radixkv.commands.output import (Outputs, advance_by, check_dir_target, console, metadata, pct,
                                      progress_bar, workload_info)
-from radixkv.plots.four_way import plot
+from radixkv.offline.plots.four_way import plot
 from radixkv.shapes import MODEL_CONFIGS
 from radixkv.sim.specs import GPU_SPECS
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 from radixkv.workloads import GENERATORS
 
 

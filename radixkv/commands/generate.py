@@ -24,7 +24,7 @@ from radixkv.commands.torch_flags import add_torch_flag
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.sched.request import Request
 from radixkv.shapes import MODEL_CONFIGS
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 from radixkv.workloads import GENERATORS, read_jsonl
 
 # The support agent scaled for a CPU: 20 users x 3 turns, 12 RAG requests, ~1.1k-token prompts.

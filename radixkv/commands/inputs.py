@@ -8,7 +8,7 @@ from typing import Any
 
 from radixkv.engine.presets import ENGINES
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
-from radixkv.validate import choice, positive_int, positive_number
+from radixkv.argcheck import choice, positive_int, positive_number
 from radixkv.workloads import GENERATORS, Workload, load_workload, trace_format
 from radixkv.workloads.generators import KIND_NAMES
 from radixkv.workloads.sessions import ARRIVAL_MODES, SessionArrivals

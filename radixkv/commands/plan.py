@@ -1,5 +1,5 @@
 """`radixkv plan TRACE --ttft-p99 S --itl-p99 S --gpus NAME[,NAME] --max-gpus N`: the cheapest
-simulated deployments of the trace that meet the SLOs (radixkv/planning/plan.py searches),
+simulated deployments of the trace that meet the SLOs (radixkv/offline/planning/plan.py searches),
 each with what the prefix cache saves and how the figures move at +-20 % load, the frontier of
 GPUs against TTFT p99, plan.json, plan.png, and the command lines that run the chosen one."""
 from __future__ import annotations
@@ -17,17 +17,17 @@ from radixkv.commands.inputs import add_workload_args, load_from_args
 from radixkv.commands.output import Outputs, check_file_target, console, metadata, pct, \
     workload_info
 from radixkv.offline.simulate import REFERENCE
-from radixkv.planning.bounds import Bounds
-from radixkv.planning.plan import SLO, Row, exhaustive, recommend, search
-from radixkv.planning.runner import Job, LocalRunner, Outcome, RayRunner
-from radixkv.planning.space import MODES, Candidate, Setting, families
-from radixkv.plots.plan import frontier, plot_plan
+from radixkv.offline.planning.bounds import Bounds
+from radixkv.offline.planning.plan import SLO, Row, exhaustive, recommend, search
+from radixkv.offline.planning.runner import Job, LocalRunner, Outcome, RayRunner
+from radixkv.offline.planning.space import MODES, Candidate, Setting, families
+from radixkv.offline.plots.plan import frontier, plot_plan
 from radixkv.router import ROUTERS
 from radixkv.sched.config import SchedulerConfig
 from radixkv.sim.kv_links import DEFAULT_KV_LINK, KV_LINKS
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
 from radixkv.sim.tables import AIC_MODELS
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 LOADS = (0.8, 1.2)
 

@@ -13,10 +13,10 @@ from radixkv.commands.flags import BLOCK_SIZE, CACHE_FLAGS, SCHED_FLAGS, _add, c
 from radixkv.commands.inputs import add_workload_args, load_from_args
 from radixkv.commands.output import (Outputs, check_file_target, console, metadata, pct,
                                      progress_bar, workload_info)
-from radixkv.planning.sweep import SweepRow, ceiling, lines_of, sweep
-from radixkv.plots.sweep import format_need, needed, smallest
+from radixkv.offline.planning.sweep import SweepRow, ceiling, lines_of, sweep
+from radixkv.offline.plots.sweep import format_need, needed, smallest
 from radixkv.sim.specs import MODEL_SPECS
-from radixkv.validate import parse_capacity
+from radixkv.argcheck import parse_capacity
 
 DEFAULT_POINTS = 24
 SWEEP_CACHES = ("radix", "blockhash")
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             }
             out.write_json(args.json, doc)
         if args.plot is not None:
-            from radixkv.plots.sweep import plot_sweep
+            from radixkv.offline.plots.sweep import plot_sweep
             title = (f"{w.name}: {len(w):,} requests, {w.num_prompt_tokens:,} prompt tokens"
                      + (f" · {args.model}, {bpt:,} B/token of KV" if bpt else ""))
             plot_sweep(rows, out.path(args.plot), title, top)

@@ -1,6 +1,6 @@
 """`radixkv validate`: one workload through the real engine (TorchExecutor) and through the
 simulator priced by a profile, TTFT / E2E percentiles and makespan side by side with the
-relative error of each (radixkv.calibration.fidelity): the real figures are the median of
+relative error of each (radixkv.offline.calibration.fidelity): the real figures are the median of
 --real-runs timed runs after an untimed pass, with how far those runs spread."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from radixkv.commands.output import (Outputs, check_file_target, console, metada
 from radixkv.commands.torch_flags import add_torch_flag
 from radixkv.shapes import MODEL_CONFIGS
 from radixkv.sim.profile import load_profile
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 # Workloads scaled for a tiny model on a CPU (a real run of each takes a few seconds).
 CPU_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -79,7 +79,7 @@ def _signed(x: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from radixkv.calibration.fidelity import (StepLog, check_requests, compare, figures,
+    from radixkv.offline.calibration.fidelity import (StepLog, check_requests, compare, figures,
                                               price_steps, run_real_runs, run_simulated,
                                               speed_check)
     from radixkv.model.setup import model_args, torch_target  # the torch extra: only here

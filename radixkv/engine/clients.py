@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from typing import Sequence
 
 from radixkv.sched.request import Request
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 from radixkv.workloads.sessions import SessionArrivals, SessionChain, SessionQueue
 
 

@@ -36,7 +36,7 @@ from radixkv.gateway.upstream import Reply, Upstream
 from radixkv.gateway.workers import WORKER_ERRORS, Worker, check_health, discover, every, scrape
 from radixkv.router import RequestInfo
 from radixkv.server.guard import DEFAULT_CLIENT_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, RequestGuard
-from radixkv.validate import positive_int, positive_number
+from radixkv.argcheck import positive_int, positive_number
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixkv.bench.process import parse_metrics
+from radixkv.promtext import parse_metrics
 
 log = logging.getLogger(__name__)
 WORKER_ERRORS = (aiohttp.ClientError, OSError)   # refused, reset, timed out (an OSError), bad URL

@@ -17,7 +17,7 @@ from itertools import chain, islice
 from radixkv.cache.events import chain_hashes, chain_run, check_hash_algo
 from radixkv.cache.key import RadixKey
 from radixkv.cache.sim_hash import SIM_HASH
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 # whole aligned spans of _SPAN pages already hashed (each page is also in the cache layer's
 # memo, radixkv.cache.events): a long shared prefix costs a lookup per span, not per page

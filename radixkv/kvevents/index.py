@@ -25,7 +25,7 @@ from radixkv.cache.events import EventRun, KVEvent
 from radixkv.cache.key import TOKEN_BYTES
 from radixkv.kvevents.wire import (END_SEQ, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch,
                                    decode_batch)
-from radixkv.validate import int_at_least
+from radixkv.argcheck import int_at_least
 
 
 # a KVEvent's fields by position: (kind, block_hash, parent_hash, token_ids, namespace)

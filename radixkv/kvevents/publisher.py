@@ -27,7 +27,7 @@ import zmq
 
 from radixkv.cache.events import KVEvent
 from radixkv.kvevents.wire import END_SEQ, ENCODINGS, check_encoding, encode_batch, to_wire
-from radixkv.validate import choice, int_at_least, optional_str, positive_int
+from radixkv.argcheck import choice, int_at_least, optional_str, positive_int
 
 log = logging.getLogger(__name__)
 PUBLISHERS = ("null", "zmq")

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from radixkv.cache.events import KVEvent
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 MEDIUM_GPU = "GPU"
 END_SEQ = -1                        # the replay socket's end-of-stream marker

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from radixkv.model.kv_pool import AttnBatch, KVPool
 from radixkv.registry import Registry
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 
 class AttentionBackend(ABC):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from radixkv.shapes import ModelArgs
-from radixkv.validate import is_int, positive_int
+from radixkv.argcheck import is_int, positive_int
 
 
 class KVPool:

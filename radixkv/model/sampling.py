@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from radixkv.validate import finite_at_least, int_at_least, is_int, positive_fraction
+from radixkv.argcheck import finite_at_least, int_at_least, is_int, positive_fraction
 
 
 @dataclass(frozen=True)

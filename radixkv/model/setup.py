@@ -13,7 +13,7 @@ import torch
 from radixkv.cache.pool import host_memory_bytes
 from radixkv.model.host_heap import keep_heap
 from radixkv.shapes import MODEL_CONFIGS, ModelArgs
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 
 class TorchTarget(NamedTuple):

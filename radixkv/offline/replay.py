@@ -32,7 +32,7 @@ from radixkv.cache.manager import CacheManager
 from radixkv.cache.orders import reuse_signature
 from radixkv.cache.pool import SlotPool, round_up
 from radixkv.sched.request import FILLER_BASE, SessionTurns
-from radixkv.validate import is_int
+from radixkv.argcheck import is_int
 from radixkv.workloads import TraceRequest
 
 

@@ -43,7 +43,7 @@ from radixkv.server.state import APIError, prompt_ids
 from radixkv.server.build import ServeOptions, load_text
 from radixkv.server.launch import bind
 from radixkv.server.tenants import AuthError
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 APP = "radixkv"
 ENGINE = "engine"

@@ -30,7 +30,7 @@ from radixkv.cache.key import RadixKey
 from radixkv.kvevents.hashes import PageHashes
 from radixkv.kvevents.wire import EventBatch
 from radixkv.registry import Registry
-from radixkv.validate import finite_time, int_at_least, positive_int
+from radixkv.argcheck import finite_time, int_at_least, positive_int
 
 
 @dataclass(frozen=True, slots=True, eq=False)

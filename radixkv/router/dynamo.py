@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, RouterContext
 from radixkv.router.llmd import EventRouter
-from radixkv.validate import finite_at_least
+from radixkv.argcheck import finite_at_least
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from radixkv.kvevents.index import KVIndex
 from radixkv.kvevents.wire import EventBatch
 from radixkv.router.base import ROUTERS, Events, ReplicaView, RequestInfo, Router, RouterContext
-from radixkv.validate import finite_at_least
+from radixkv.argcheck import finite_at_least
 
 
 @dataclass(frozen=True)

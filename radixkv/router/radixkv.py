@@ -65,7 +65,7 @@ from radixkv.router.base import ROUTERS, Events, ReplicaView, RequestInfo, Route
 from radixkv.router.flying import FlyingPages
 from radixkv.router.llmd import EventRouter
 from radixkv.router.ttft_fit import TTFTFit
-from radixkv.validate import finite_at_least, positive_fraction, positive_number
+from radixkv.argcheck import finite_at_least, positive_fraction, positive_number
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from radixkv.router.approxtree import ApproxTree
 from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
 from radixkv.router.simple import two_choices
-from radixkv.validate import fraction, int_at_least
+from radixkv.argcheck import fraction, int_at_least
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import xxhash
 
 from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from radixkv.router.approxtree import ApproxTree
 from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
-from radixkv.validate import finite_at_least, fraction, int_at_least, positive_int
+from radixkv.argcheck import finite_at_least, fraction, int_at_least, positive_int
 
 
 @dataclass(frozen=True)

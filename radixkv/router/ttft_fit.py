@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from radixkv.validate import finite_at_least, positive_int
+from radixkv.argcheck import finite_at_least, positive_int
 
 FEATURES = ("wait", "own", "new", "ahead", "running", "overflow", "overhead")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixkv.validate import cli_flag, field_choice, fields_at_least, finite_at_least, fraction
+from radixkv.argcheck import cli_flag, field_choice, fields_at_least, finite_at_least, fraction
 
 
 @dataclass(frozen=True)

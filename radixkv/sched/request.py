@@ -18,7 +18,7 @@ import numpy as np
 from radixkv.cache.key import RadixKey, pack_tokens
 from radixkv.cache.orders import reuse_signature
 from radixkv.cache.pool import EMPTY_SLOTS, SLOT_DTYPE
-from radixkv.validate import an_int, finite_at_least, finite_time, int_at_least, optional_str
+from radixkv.argcheck import an_int, finite_at_least, finite_time, int_at_least, optional_str
 
 STOP = -1          # the sentinel a scripted (workload-driven) request "samples" at its end
 FILLER_BASE = 2**31   # output ids made up where a trace records only a length: above any vocabulary

@@ -22,7 +22,7 @@ from radixkv.server.text import ChatTemplate
 from radixkv.server.worker import EngineWorker
 from radixkv.shapes import MODEL_CONFIGS
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
-from radixkv.validate import choice, positive_int, positive_number
+from radixkv.argcheck import choice, positive_int, positive_number
 
 EXECUTORS = ("torch", "sim")
 # what the simulated GPU "generates" with the byte tokenizer: lowercase text that round-trips

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from radixkv.sim.specs import GPUSpec, ModelSpec, get_gpu, get_model_spec
-from radixkv.validate import finite_at_least
+from radixkv.argcheck import finite_at_least
 
 if TYPE_CHECKING:
     from radixkv.sim.profile import ProfiledCostModel

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixkv.registry import Registry
-from radixkv.validate import finite_at_least, positive_number
+from radixkv.argcheck import finite_at_least, positive_number
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from radixkv.sim.costmodel import _check_contexts, _check_segments
 from radixkv.sim.ratio_grid import axis_cell
 from radixkv.sim.specs import GPUSpec, ModelSpec, kv_capacity_tokens
 from radixkv.sim.tables import (CTX_NEW, CTX_PREFIX, DEC_BATCH, DEC_CTX, TOKENS, TimingTable)
-from radixkv.validate import finite_at_least
+from radixkv.argcheck import finite_at_least
 
 
 def _axis(xs: Sequence[int], shift: int) -> tuple[float, ...]:

@@ -28,7 +28,7 @@ no step spills (S = infinity).
 What the linear form still misses at the measured steps is priced too (format 3): its ratio
 to each uniform step of the grid, interpolated between them (radixkv.sim.ratio_grid),
 multiplies it; the grid's mixed batches, in no table, are the held-out check. A format-2
-profile prices by the linear form alone. No torch here: the timing harness lives in radixkv.calibration.
+profile prices by the linear form alone. No torch here: the timing harness lives in radixkv.offline.calibration.
 """
 from __future__ import annotations
 

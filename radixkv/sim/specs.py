@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from radixkv.shapes import ModelArgs, get_model_config
-from radixkv.validate import (finite_at_least, positive_fraction, positive_int,
+from radixkv.argcheck import (finite_at_least, positive_fraction, positive_int,
                               positive_number)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixkv.registry import Registry
-from radixkv.validate import positive_number
+from radixkv.argcheck import positive_number
 
 
 @dataclass(frozen=True)

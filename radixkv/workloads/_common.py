@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.validate import int_at_least, is_int, positive_number
+from radixkv.argcheck import int_at_least, is_int, positive_number
 
 from .record import (MAX_REQUEST_TOKENS, MAX_WORKLOAD_REQUESTS, MAX_WORKLOAD_TOKENS,
                      TOKEN_ID_LIMIT, TraceRequest, Workload)

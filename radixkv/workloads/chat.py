@@ -8,7 +8,7 @@ the list keeps the order of the same schedule at 1 session/s (see `_common.NOMIN
 """
 from __future__ import annotations
 
-from radixkv.validate import finite_at_least, int_at_least
+from radixkv.argcheck import finite_at_least, int_at_least
 
 from ._common import (Builder, Range, check_budget, check_range, check_rate, check_vocab,
                       conversation, length, starts, streams, tokens, turn_times)

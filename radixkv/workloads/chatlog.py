@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from radixkv.validate import is_number, optional_str
+from radixkv.argcheck import is_number, optional_str
 
 from .record import TraceRequest, Workload, parse_lines, token_count
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixkv.validate import finite_at_least, int_at_least
+from radixkv.argcheck import finite_at_least, int_at_least
 
 from ._common import (Builder, Range, check_budget, check_range, check_rate, check_vocab,
                       length, starts, streams, tokens)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from radixkv.validate import (an_int, finite_at_least, finite_time, int_at_least, is_number,
+from radixkv.argcheck import (an_int, finite_at_least, finite_time, int_at_least, is_number,
                               optional_str, positive_int, positive_number)
 
 HEADER_KEY = "radixkv_workload"

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from radixkv.validate import finite_at_least, int_at_least, positive_int
+from radixkv.argcheck import finite_at_least, int_at_least, positive_int
 
 
 class SessionQueue:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from radixkv.validate import finite_at_least, int_at_least, positive_int
+from radixkv.argcheck import finite_at_least, int_at_least, positive_int
 
 from ._common import check_vocab
 from .record import (MAX_REQUEST_TOKENS, MAX_WORKLOAD_TOKENS, TraceRequest, Workload,

@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from radixkv.calibration import measure  # noqa: E402
-from radixkv.calibration.measure import COLD_RUN_S, WARM_RUNS, WARM_S, Grid, time_passes  # noqa: E402
+from radixkv.offline.calibration import measure  # noqa: E402
+from radixkv.offline.calibration.measure import COLD_RUN_S, WARM_RUNS, WARM_S, Grid, time_passes  # noqa: E402
 from radixkv.engine.executor import StepResult  # noqa: E402
 
 SMALL = dict(new=(8, 128), prefix=(0, 512), prefill_batch=(1,), decode_batch=(1, 4),
@@ -67,7 +67,7 @@ def test_calibrate_keeps_each_points_median_over_its_passes(monkeypatch):
     """Scripted pass times: every sample's seconds is the median of its three, all kept."""
     import torch
 
-    from radixkv.calibration.measure import calibrate, pool_slots
+    from radixkv.offline.calibration.measure import calibrate, pool_slots
     from radixkv.model.executor import TorchExecutor
     grid = Grid(**SMALL, passes=3)
     points = grid.points()

@@ -18,7 +18,7 @@ SMALL = dict(new=(8, 128, 1024), prefix=(0, 512), prefill_batch=(1, 3), decode_b
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
-    from radixkv.calibration.measure import Grid
+    from radixkv.offline.calibration.measure import Grid
     path = tmp_path_factory.mktemp("cal") / "p.json"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Grid, "for_device", classmethod(lambda cls, device: cls(**SMALL)))
@@ -32,7 +32,7 @@ def test_cpu_grid_reaches_the_shapes_cpu_workloads_do():
     up to 64 at contexts up to 6144 (past the cache-spill size), each step within its caps."""
     import torch
 
-    from radixkv.calibration.measure import Grid, pool_slots
+    from radixkv.offline.calibration.measure import Grid, pool_slots
     g = Grid.for_device(torch.device("cpu"))
     pts = g.points()
     prefills = [segs for segs, ctxs in pts if segs]
@@ -102,7 +102,7 @@ def test_validate_compares_the_median_of_the_timed_real_runs(profile, tmp_path):
 
 
 def test_real_runs_median_and_spread_exactly():
-    from radixkv.calibration.fidelity import EXTRA, METRICS, RealRuns, compare
+    from radixkv.offline.calibration.fidelity import EXTRA, METRICS, RealRuns, compare
     keys = METRICS + EXTRA
     runs = tuple({k: v * (i + 1) for i, k in enumerate(keys)} for v in (1.0, 4.0, 2.0, 3.0))
     rr = RealRuns(runs, cold={k: 9.0 for k in keys}, requests=7)
@@ -152,7 +152,7 @@ def test_one_line_errors(profile, tmp_path, capsys, argv, needle):
 
 
 def test_grid_max_slots_leaves_out_exactly_the_steps_that_need_more():
-    from radixkv.calibration.measure import Grid, pool_slots
+    from radixkv.offline.calibration.measure import Grid, pool_slots
     every = Grid(**SMALL).points()
     kept = Grid(**SMALL, max_slots=3000).points()
     assert kept == [pt for pt in every if pool_slots([pt]) <= 3000]
@@ -174,13 +174,13 @@ def test_kv_room_keeps_the_weights_and_a_reserve(monkeypatch):
     assert t.weight_bytes == 2 * 8_030_261_248
     assert t.kv_room() == (126 * 2**30 - 2 * 8_030_261_248) // 131_072
     # the CUDA grid's largest decode (256 x 4,096 disjoint contexts) does not fit beside them
-    from radixkv.calibration.measure import Grid, pool_slots
+    from radixkv.offline.calibration.measure import Grid, pool_slots
     assert pool_slots(Grid.for_device(torch.device("cuda")).points()) > t.kv_room()
 
 
 def test_calibrate_leaves_out_steps_that_do_not_fit(tmp_path, monkeypatch, capsys):
     import radixkv.model.setup as setup
-    from radixkv.calibration.measure import Grid, pool_slots
+    from radixkv.offline.calibration.measure import Grid, pool_slots
     monkeypatch.setattr(Grid, "for_device", classmethod(lambda cls, device: cls(**SMALL)))
     monkeypatch.setattr(setup.TorchTarget, "kv_room", lambda self, reserve=0.1: 3000)
     path = tmp_path / "p.json"
@@ -196,7 +196,7 @@ def test_calibrate_leaves_out_steps_that_do_not_fit(tmp_path, monkeypatch, capsy
 
 def test_validate_steps_prices_each_kind_of_real_step(profile, tmp_path):
     """--steps: the real run's steps by kind, their seconds adding up to its busy seconds."""
-    from radixkv.calibration.fidelity import STEP_KINDS
+    from radixkv.offline.calibration.fidelity import STEP_KINDS
     out = tmp_path / "v.json"
     assert main(["validate", "--model", "tiny-llama", "--profile", str(profile), "support",
                  "--users", "3", "--turns", "2", "--seed", "5", "--steps", "--json", str(out)]) == 0
@@ -214,7 +214,7 @@ def test_validate_steps_prices_each_kind_of_real_step(profile, tmp_path):
 
 
 def test_price_steps_groups_and_prices_step_by_step():
-    from radixkv.calibration.fidelity import StepLog, price_steps, step_kind
+    from radixkv.offline.calibration.fidelity import StepLog, price_steps, step_kind
     from radixkv.engine.executor import BatchPlan, StepResult
     from radixkv.sched.batch import Segment
     from radixkv.sched.request import Request

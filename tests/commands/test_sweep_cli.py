@@ -19,12 +19,12 @@ SMALL = ["support", "--users", "4", "--turns", "2", "--workers", "1"]
 def one_pass_curve(monkeypatch):
     """The one-pass module, or the replayed stand-in of its contract where it is not there."""
     try:
-        import radixkv.planning.onepass  # noqa: F401
+        import radixkv.offline.planning.onepass  # noqa: F401
     except ImportError:
-        from tests.planning.test_sweep import replayed_curve
-        fake = types.ModuleType("radixkv.planning.onepass")
+        from tests.offline.planning.test_sweep import replayed_curve
+        fake = types.ModuleType("radixkv.offline.planning.onepass")
         fake.lru_hit_curve = replayed_curve
-        monkeypatch.setitem(sys.modules, "radixkv.planning.onepass", fake)
+        monkeypatch.setitem(sys.modules, "radixkv.offline.planning.onepass", fake)
 
 
 def test_json_plot_and_table(tmp_path, capsys):

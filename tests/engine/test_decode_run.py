@@ -12,7 +12,7 @@ from radixkv.config import CacheConfig, EngineConfig
 from radixkv.engine.engine import Engine, request_from_trace
 from radixkv.cache.key import RadixKey
 from radixkv.engine.metrics import RequestRecord
-from radixkv.router.cluster import ClusterConfig, run_cluster
+from radixkv.offline.cluster.simulator import ClusterConfig, run_cluster
 from radixkv.sched.config import SchedulerConfig
 from radixkv.sched.request import Request
 from radixkv.sim.costmodel import CostModel

@@ -13,7 +13,7 @@ from radixkv.cache.radix import RadixCache
 from radixkv.cli import main
 from radixkv.config import CacheConfig
 from radixkv.offline.replay import replay
-from radixkv.validate import parse_capacity
+from radixkv.argcheck import parse_capacity
 from radixkv.workloads import TraceRequest, Workload, load_workload, make_workload
 
 MOONCAKE = Path(__file__).resolve().parents[2].parent / "shared/traces/mooncake/synthetic_trace.jsonl"

@@ -14,9 +14,9 @@ from radixkv.cache.events import KVEvent
 from radixkv.kvevents.wire import decode_batch, encode_batch, to_wire
 from radixkv.offline.simulate import build_requests
 from radixkv.router import ReplicaView, RequestInfo, RouterContext, make_router
-from radixkv.router.cluster import Cluster, run_cluster
+from radixkv.offline.cluster.simulator import Cluster, run_cluster
 from radixkv.router.dynamo import DynamoOptions, softmax_sample
-from tests.router.test_cluster import CFG, COST, WL
+from tests.offline.cluster.test_cluster import CFG, COST, WL
 from tests.router.test_routers import PS, stored
 
 IDLE = ReplicaView(kv_capacity=10_000)

@@ -10,11 +10,11 @@ from hypothesis import given, settings, strategies as st
 
 from radixkv.router import ReplicaView, RequestInfo, RouterContext, make_router
 from radixkv.offline.simulate import build_requests
-from radixkv.router.cluster import Cluster, run_cluster
+from radixkv.offline.cluster.simulator import Cluster, run_cluster
 from radixkv.router.radixkv import RadixKVOptions
 from radixkv.router.ttft_fit import FEATURES, TTFTFit
 from radixkv.sim.costmodel import CostModel
-from tests.router.test_cluster import CFG, WL
+from tests.offline.cluster.test_cluster import CFG, WL
 from tests.router.test_routers import stored
 
 K = len(FEATURES)

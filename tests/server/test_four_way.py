@@ -8,7 +8,8 @@ import pytest
 
 from radixkv.bench import four_way
 from radixkv.bench.client import BenchResult
-from radixkv.bench.process import ServerProcess, parse_metrics
+from radixkv.bench.process import ServerProcess
+from radixkv.promtext import parse_metrics
 from radixkv.cli import main
 
 METRICS = """\

@@ -11,8 +11,8 @@ from radixkv.cli import main
 from radixkv.config import CacheConfig, EngineConfig
 from radixkv.engine.metrics import itl_percentiles
 from radixkv.router import ReplicaView, RequestInfo, RouterContext, make_router
-from radixkv.router.cluster import ClusterConfig, run_cluster
-from radixkv.router.disagg import (DisaggCluster, DisaggConfig, decode_engine, run_disagg,
+from radixkv.offline.cluster.simulator import ClusterConfig, run_cluster
+from radixkv.offline.cluster.disagg import (DisaggCluster, DisaggConfig, decode_engine, run_disagg,
                                    twins_of)
 from radixkv.sim.costmodel import CostModel
 from radixkv.sim.decode_worker import DecodeWorkerCost

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from radixkv.planning.plan import Row
-from radixkv.plots.style import config_colors, plain_log_ticks, pyplot, save
+from radixkv.offline.planning.plan import Row
+from radixkv.offline.plots.style import config_colors, plain_log_ticks, pyplot, save
 
 
 def frontier(rows: Sequence[Row]) -> list[tuple[int, float]]:

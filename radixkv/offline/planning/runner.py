@@ -11,8 +11,8 @@ from multiprocessing import get_context
 from typing import NamedTuple
 
 from radixkv.offline.replay import collect_simulation
-from radixkv.planning.space import Candidate, Setting
-from radixkv.router.compare import run_one
+from radixkv.offline.planning.space import Candidate, Setting
+from radixkv.offline.cluster.compare import run_one
 from radixkv.workloads import TraceRequest
 
 

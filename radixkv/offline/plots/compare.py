@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from radixkv.engine.metrics import EngineReport
-from radixkv.plots.style import bar_panel, config_colors, plain_log_ticks, pyplot, save
+from radixkv.offline.plots.style import bar_panel, config_colors, plain_log_ticks, pyplot, save
 
 # (summary key, panel title, kind); kind picks the axis and the value format
 _RATE_PANELS = [("hit_rate", "prefix-cache hit rate", "pct"),

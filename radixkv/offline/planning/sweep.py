@@ -31,7 +31,7 @@ from radixkv.offline.replay import replay, request_need
 from radixkv.offline.simulate import logical_clock
 from radixkv.sim.oracle import FutureOracle
 from radixkv.sim.specs import MODEL_SPECS
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 from radixkv.workloads import TraceRequest, Workload
 
 MAX_WORKERS = 32          # replays are CPU-bound and independent; more only costs memory
@@ -164,7 +164,7 @@ def sweep(workload: Any, caches: Sequence[str], evictions: Sequence[str], page_s
         raise ValueError(f"points must be a positive int, got {points!r}")
     bpt = None if model is None else MODEL_SPECS[model].kv_bytes_per_token_per_gpu
     if curve is None:
-        from radixkv.planning.onepass import lru_hit_curve as curve
+        from radixkv.offline.planning.onepass import lru_hit_curve as curve
     lines = lines_of(caches, evictions, page_size, block_size, granularity, slru_threshold)
     designs = list(dict.fromkeys((ln.cache, ln.page_size) for ln in lines))
     step = math.lcm(*(ps for _, ps in designs))

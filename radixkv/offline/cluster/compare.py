@@ -10,9 +10,9 @@ from multiprocessing import get_context
 
 from radixkv.offline.replay import collect_simulation
 from radixkv.router import ROUTERS
-from radixkv.router.cluster import ClusterConfig, run_cluster
-from radixkv.router.disagg import DisaggConfig, run_disagg
-from radixkv.router.results import ClusterResult
+from radixkv.offline.cluster.simulator import ClusterConfig, run_cluster
+from radixkv.offline.cluster.disagg import DisaggConfig, run_disagg
+from radixkv.offline.cluster.results import ClusterResult
 from radixkv.router.base import StepCost
 from radixkv.workloads.sessions import SessionArrivals
 

@@ -35,12 +35,12 @@ from radixkv.engine.metrics import EngineReport, RequestRecord, itl_percentiles
 from radixkv.offline.replay import collector_paused
 from radixkv.router import ROUTERS
 from radixkv.router.base import StepCost
-from radixkv.router.cluster import Cluster, ClusterConfig, merged_report
-from radixkv.router.results import ClusterResult, cluster_result
+from radixkv.offline.cluster.simulator import Cluster, ClusterConfig, merged_report
+from radixkv.offline.cluster.results import ClusterResult, cluster_result
 from radixkv.sched.request import Request, Status
 from radixkv.sim.decode_worker import DecodeWorkerCost
 from radixkv.sim.kv_links import DEFAULT_KV_LINK, KV_LINKS, LinkQueue
-from radixkv.validate import int_at_least, positive_int
+from radixkv.argcheck import int_at_least, positive_int
 from radixkv.workloads.sessions import ArrivalQueue
 
 DECODE_ROUTER = "least-load"

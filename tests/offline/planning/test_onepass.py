@@ -12,7 +12,7 @@ import pytest
 
 from radixkv.cache.key import RadixKey
 from radixkv.config import CacheConfig
-from radixkv.planning.onepass import lru_hit_curve
+from radixkv.offline.planning.onepass import lru_hit_curve
 from radixkv.offline.replay import computed_output, replay
 from radixkv.workloads import TraceRequest, Workload, make_workload, read_hash_id_trace
 

@@ -42,7 +42,7 @@ from radixkv.sched.request import Request
 from radixkv.sim.profile import Profile, Sample, fit_spill, held_out
 from radixkv.sim.ratio_grid import DECODE_AT
 from radixkv.sim.specs import ModelSpec
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 Point = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]     # (prefill segments, decode contexts)
 COLD_RUN_S = 0.05     # a step this long is timed without a warm-up run in later passes

@@ -1,4 +1,4 @@
-"""radixkv.validate: each rule accepts what it should, returns it normalised, and rejects the
+"""radixkv.argcheck: each rule accepts what it should, returns it normalised, and rejects the
 rest with one exact message naming the value."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from radixkv import validate as v
+from radixkv import argcheck as v
 
 
 def _message(fn, *args) -> str:

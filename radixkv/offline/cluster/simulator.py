@@ -34,10 +34,10 @@ from radixkv.offline.replay import collector_paused
 from radixkv.offline.simulate import logical_clock
 from radixkv.router import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
 from radixkv.router.base import StepCost
-from radixkv.router.results import ClusterResult, cluster_result
+from radixkv.offline.cluster.results import ClusterResult, cluster_result
 from radixkv.sched.request import Request, Status
 from radixkv.sim.executor import SimExecutor
-from radixkv.validate import int_at_least, positive_int
+from radixkv.argcheck import int_at_least, positive_int
 from radixkv.workloads.sessions import ArrivalQueue, SessionArrivals, SessionChain
 
 _STEP_END, _ARRIVAL = 0, 1

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from radixkv.plots.style import pyplot
+from radixkv.offline.plots.style import pyplot
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:

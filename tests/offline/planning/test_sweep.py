@@ -1,4 +1,4 @@
-"""radixkv.planning.sweep: rows equal plain replays at their capacities, whichever way they were
+"""radixkv.offline.planning.sweep: rows equal plain replays at their capacities, whichever way they were
 computed; the grid; infeasible sizes; the capacity for a share of the ceiling."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from radixkv.config import CacheConfig, SchedulerConfig
-from radixkv.planning.sweep import (ONE_PASS, REPLAY, capacity_for, capacity_grid, ceiling,
+from radixkv.offline.planning.sweep import (ONE_PASS, REPLAY, capacity_for, capacity_grid, ceiling,
                                     lines_of, replay_hits, request_need, sweep)
 from radixkv.offline.replay import pool_size, replay
 from radixkv.sim.specs import MODEL_SPECS
@@ -65,7 +65,7 @@ def curves():
     """The real one-pass curve when it is there, and the replayed stand-in always."""
     out = [pytest.param(replayed_curve, id="replayed")]
     try:
-        from radixkv.planning.onepass import lru_hit_curve
+        from radixkv.offline.planning.onepass import lru_hit_curve
         out.append(pytest.param(lru_hit_curve, id="one-pass"))
     except ImportError:
         pass

@@ -15,11 +15,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from radixkv.cli import main
-from radixkv.planning.bounds import Bounds
-from radixkv.planning.onepass import lru_hit_curve
-from radixkv.planning.plan import SLO, exhaustive, recommend, search
-from radixkv.planning.runner import Job, LocalRunner, Outcome, simulate
-from radixkv.planning.space import Candidate, Family, Setting, families
+from radixkv.offline.planning.bounds import Bounds
+from radixkv.offline.planning.onepass import lru_hit_curve
+from radixkv.offline.planning.plan import SLO, exhaustive, recommend, search
+from radixkv.offline.planning.runner import Job, LocalRunner, Outcome, simulate
+from radixkv.offline.planning.space import Candidate, Family, Setting, families
 from radixkv.workloads import TraceRequest, load_workload, make_workload, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -363,8 +363,8 @@ def test_best_hit_rate_is_zero_without_a_cache_and_bounded_by_the_unlimited_curv
 
 
 def test_frontier_keeps_each_drop_of_the_least_ttft():
-    from radixkv.planning.plan import Row
-    from radixkv.plots.plan import frontier
+    from radixkv.offline.planning.plan import Row
+    from radixkv.offline.plots.plan import frontier
 
     def row(n: int, ttft: float | None) -> Row:
         return Row(Candidate(fam("aggregated"), replicas=n), Outcome(ttft, 0.01, 1.0, 0.5, 10.0),
@@ -395,9 +395,9 @@ def test_runs_in_one_process_do_not_keep_each_others_cycles():
     import gc
     import weakref
 
-    from radixkv.planning.runner import Job, simulate
-    from radixkv.planning.space import Candidate, Family, Setting
-    from radixkv.router import cluster
+    from radixkv.offline.planning.runner import Job, simulate
+    from radixkv.offline.planning.space import Candidate, Family, Setting
+    from radixkv.offline.cluster import simulator as cluster
 
     made = []
     real = cluster.Cluster.__init__

@@ -9,8 +9,8 @@ import pytest
 from radixkv.config import EngineConfig
 from radixkv.engine.engine import Engine
 from radixkv.engine.metrics import EngineReport, RequestRecord
-from radixkv.plots.compare import _isolated, hit_window, plot_compare, plot_timeline, typical_step
-from radixkv.plots.style import config_colors, format_value, use_log_scale
+from radixkv.offline.plots.compare import _isolated, hit_window, plot_compare, plot_timeline, typical_step
+from radixkv.offline.plots.style import config_colors, format_value, use_log_scale
 from radixkv.sched.request import Request
 from radixkv.sim.executor import SimExecutor
 

@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from radixkv.planning.sweep import SweepRow, capacity_for
-from radixkv.plots.style import config_colors, plain_log_ticks, pyplot, save
+from radixkv.offline.planning.sweep import SweepRow, capacity_for
+from radixkv.offline.plots.style import config_colors, plain_log_ticks, pyplot, save
 
 SHARES = (0.5, 0.8, 0.9)               # of the ceiling: the capacities annotated
 _MARKERS = {0.5: "o", 0.8: "s", 0.9: "D"}

@@ -6,7 +6,7 @@ import pytest
 
 from radixkv.config import CacheConfig, EngineConfig
 from radixkv.router import RequestInfo, Router, make_router
-from radixkv.router.cluster import Cluster, ClusterConfig, run_cluster
+from radixkv.offline.cluster.simulator import Cluster, ClusterConfig, run_cluster
 from radixkv.sim.costmodel import CostModel
 from radixkv.offline.simulate import build_requests
 from radixkv.workloads import make_workload

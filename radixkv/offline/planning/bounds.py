@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from radixkv.planning.onepass import lru_hit_curve
-from radixkv.planning.space import Family, Setting
+from radixkv.offline.planning.onepass import lru_hit_curve
+from radixkv.offline.planning.space import Family, Setting
 from radixkv.workloads import TraceRequest
 
 

@@ -27,7 +27,7 @@ from radixkv.engine.metrics import EngineReport
 from radixkv.sched.request import Request
 from radixkv.sim.executor import SimExecutor
 from radixkv.sim.profile import ProfiledCostModel
-from radixkv.validate import positive_int
+from radixkv.argcheck import positive_int
 
 METRICS = ("ttft_p50", "ttft_p90", "e2e_p50", "e2e_p90", "makespan_s")
 EXTRA = ("busy_s",)      # the executor's total step time: the plainest test of the step model
@@ -217,7 +217,7 @@ def speed_check(ex, profile, points: int = 12, seed: int = 0) -> float:
     profile) over `points` of its grid samples re-timed on `ex` as calibrate timed them
     (cheap ones, under 50 ms, whose slots fit the executor's pool). 1.3: steps take 30 %
     longer than when the profile was measured (a shared machine, another core, a drift)."""
-    from radixkv.calibration.measure import pool_slots, time_point   # torch: only here
+    from radixkv.offline.calibration.measure import pool_slots, time_point   # torch: only here
     from radixkv.sim.ratio_grid import RatioGrid
 
     cands = [s for s in profile.samples if s.seconds < 0.05 and RatioGrid.on_grid(

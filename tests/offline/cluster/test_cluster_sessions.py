@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from radixkv.config import CacheConfig, EngineConfig
 from radixkv.offline.simulate import build_requests
 from radixkv.router import RequestInfo, Router, make_router
-from radixkv.router.cluster import Cluster, ClusterConfig, run_cluster
-from radixkv.router.compare import run_routers
+from radixkv.offline.cluster.simulator import Cluster, ClusterConfig, run_cluster
+from radixkv.offline.cluster.compare import run_routers
 from radixkv.sched.request import Status
 from radixkv.sim.costmodel import CostModel
 from radixkv.workloads import TraceRequest, Workload, make_workload

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from radixkv.plots.style import bar_panel, config_colors, pyplot, save
-from radixkv.router.results import ClusterResult
+from radixkv.offline.plots.style import bar_panel, config_colors, pyplot, save
+from radixkv.offline.cluster.results import ClusterResult
 
 PANELS = (("hit_rate", "pct", "hit rate"), ("ttft_p50", "s", "TTFT p50"),
           ("ttft_p99", "s", "TTFT p99"), ("throughput_tok_s", "tok/s", "throughput"),

@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from radixkv.config import CacheConfig
-from radixkv.planning.onepass import lru_hit_curve
+from radixkv.offline.planning.onepass import lru_hit_curve
 from radixkv.offline.replay import replay
 from radixkv.workloads import make_workload
 

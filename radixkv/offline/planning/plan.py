@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from radixkv.planning.bounds import Bounds
-from radixkv.planning.runner import Job, Outcome
-from radixkv.planning.space import Candidate, Family, Setting
-from radixkv.validate import positive_number
+from radixkv.offline.planning.bounds import Bounds
+from radixkv.offline.planning.runner import Job, Outcome
+from radixkv.offline.planning.space import Candidate, Family, Setting
+from radixkv.argcheck import positive_number
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ from functools import lru_cache
 from radixkv.cache.config import CacheConfig
 from radixkv.config import EngineConfig
 from radixkv.router import ROUTERS
-from radixkv.router.cluster import ClusterConfig
-from radixkv.router.disagg import DisaggConfig, decode_engine
+from radixkv.offline.cluster.simulator import ClusterConfig
+from radixkv.offline.cluster.disagg import DisaggConfig, decode_engine
 from radixkv.sched.config import SchedulerConfig
 from radixkv.sim.kv_links import KV_LINKS
 from radixkv.sim.measured import NamedReplica, named_replica
-from radixkv.validate import positive_fraction, positive_int
+from radixkv.argcheck import positive_fraction, positive_int
 
 MODES = ("aggregated", "disaggregated")
 BLOCK = "blockhash"
