@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test load soak interop install bench peers clean
+.PHONY: run test test-fast lint typecheck load soak interop install bench peers clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,21 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# the inner loop (under two minutes): the layering test, the argument checks and the core rooms
+# (cache, scheduler, workloads, KV events, the simulated GPU, the routers, offline replay),
+# less the long hypothesis state machines and the Mooncake trace runs that `make test` keeps
+FAST := tests/test_layering.py tests/test_argcheck.py tests/cache tests/sched tests/workloads \
+        tests/kvevents tests/sim tests/router tests/offline/test_replay.py
+FAST_SKIP := not runTest and not pruning_early_or_late and not mooncake
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q $(FAST) -k '$(FAST_SKIP)'
+
+lint: $(STAMP)
+	$(BIN)/ruff check radixkv tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 # the 60-second server load run (200 streaming clients, a tenth hanging up), a Ray Serve
 # replica killed mid-stream and Ray Serve stopped by SIGINT (about a minute each, most of it Ray

@@ -40,15 +40,21 @@ def replay_ours(reqs, capacity: int | None, policy: str = "lru", tags=None) -> d
     gc.disable()
     start = ns()
     for (q, full), tag in zip(keys, tags):
-        t0 = ns(); m = tree.match_prefix(q); t["match"] += ns() - t0
+        t0 = ns()
+        m = tree.match_prefix(q)
+        t["match"] += ns() - t0
         tree.inc_lock_ref(m.last_node)
         need = len(full) - m.prefix_len
         if pool.available() < need:
-            t0 = ns(); freed = tree.evict(need - pool.available()); t["evict"] += ns() - t0
+            t0 = ns()
+            freed = tree.evict(need - pool.available())
+            t["evict"] += ns() - t0
             t["evict_calls"] += 1
             pool.free(freed)
         slots = np.concatenate([m.slots, pool.alloc(need)])
-        t0 = ns(); res = tree.insert(full, slots, tag=tag); t["insert"] += ns() - t0
+        t0 = ns()
+        res = tree.insert(full, slots, tag=tag)
+        t["insert"] += ns() - t0
         pool.free(slots[m.prefix_len:res.prefix_len])
         tree.dec_lock_ref(m.last_node)
     t["total"] = ns() - start
@@ -64,14 +70,21 @@ def replay_baseline(reqs, capacity: int | None) -> dict:
     gc.disable()
     for p, o in reqs:
         q, full = list(p[:-1]), list(p + o)
-        t0 = ns(); value, node = tree.match_prefix(q); t["match"] += ns() - t0
+        t0 = ns()
+        value, node = tree.match_prefix(q)
+        t["match"] += ns() - t0
         need = len(full) - len(value)
         if capacity and capacity - used < need:
-            t0 = ns(); freed = tree.evict(need - (capacity - used)); t["evict"] += ns() - t0
+            t0 = ns()
+            freed = tree.evict(need - (capacity - used))
+            t["evict"] += ns() - t0
             t["evict_calls"] += 1
             used -= len(freed)
-        new = list(range(nxt, nxt + need)); nxt += need
-        t0 = ns(); prefix = tree.insert(full, value + new); t["insert"] += ns() - t0
+        new = list(range(nxt, nxt + need))
+        nxt += need
+        t0 = ns()
+        prefix = tree.insert(full, value + new)
+        t["insert"] += ns() - t0
         used += len(full) - prefix
     gc.enable()
     return t
@@ -88,12 +101,16 @@ def evict_scaling(n_leaves: int, calls: int = 2000) -> tuple[float, float]:
         base.insert(s, list(range(4 * i, 4 * i + 4)))
     ours = []
     for _ in range(calls):
-        t0 = ns(); freed = tree.evict(1); ours.append(ns() - t0)
+        t0 = ns()
+        freed = tree.evict(1)
+        ours.append(ns() - t0)
         i = int(freed[0]) // 4
         tree.insert(RadixKey(seqs[i]), np.arange(4 * i, 4 * i + 4))
     base_t = []
     for _ in range(max(3, calls // max(1, n_leaves // 100))):
-        t0 = ns(); base.evict(1); base_t.append(ns() - t0)
+        t0 = ns()
+        base.evict(1)
+        base_t.append(ns() - t0)
     return float(np.median(ours)) / 1e3, float(np.median(base_t)) / 1e3
 
 

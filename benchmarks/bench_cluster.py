@@ -111,7 +111,7 @@ def main() -> int:
             for name, (s, reuse, own) in peer.items():
                 tab.add_row(f"DynoSim {name}", f"{s:.2f}", f"{n / s:,.0f}", f"{reuse:.3f}")
                 if own is not None:
-                    tab.add_row(f"  its own 'Wall Time'", f"{own:.2f}", f"{n / own:,.0f}", "")
+                    tab.add_row("  its own 'Wall Time'", f"{own:.2f}", f"{n / own:,.0f}", "")
         for name in args.router if k == 0 else ["round-robin", "radixkv"]:
             s, res = timed(lambda: run_cluster(wl, cfg, name, cost))
             tab.add_row(f"radixkv {name}", f"{s:.2f}", f"{n / s:,.0f}", f"{res.hit_rate:.3f}")

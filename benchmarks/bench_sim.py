@@ -24,7 +24,7 @@ from radixkv.cache.base import CacheReq
 from radixkv.cache.manager import CacheManager
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
-from radixkv.config import CacheConfig, EngineConfig, SchedulerConfig
+from radixkv.config import EngineConfig, SchedulerConfig
 from radixkv.sim.costmodel import CostModel
 from radixkv.offline.replay import replay
 from radixkv.sched.request import Request

@@ -97,3 +97,8 @@ def get_model_config(name: str) -> ModelArgs:
         return MODEL_CONFIGS[name]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODEL_CONFIGS))}") from None
+
+
+# the Hugging Face release each named shape is read from: what an engine serving it loads
+HF_RELEASES = {"llama-3-8b": "meta-llama/Meta-Llama-3-8B", "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+               "llama-3-70b": "meta-llama/Meta-Llama-3-70B", "qwen2-7b": "Qwen/Qwen2-7B"}

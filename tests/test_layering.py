@@ -8,6 +8,7 @@ the package itself, which holds only `__version__`, is open to all). Read bottom
 
     argcheck, env       leaves: the argument checks, the environment
     registry, shapes    name -> object registries; the named model shapes
+    tokenizer           leaf: the byte tokenizer and tokenizer.json files (no torch)
     promtext            leaf: Prometheus text parsed (the load client and the gateway)
     cache/              prefix caches, slot pool, eviction orders, the request lifecycle; no torch
     sched/              requests, queue orders, admission, the scheduler; never the engine
@@ -44,7 +45,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "radixkv"
 
-ROOT_MODULES = {"cli", "config", "argcheck", "registry", "env", "shapes", "promtext"}
+ROOT_MODULES = {"cli", "config", "argcheck", "registry", "env", "shapes", "promtext",
+                "tokenizer"}
 _CORE = {"argcheck", "registry"}
 # the offline wing's rooms, each a subpackage of radixkv/offline/
 WING = "offline"
@@ -53,23 +55,24 @@ ROOMS: dict[str, set[str]] = {
     "argcheck": set(),
     "env": set(),
     "promtext": set(),
+    "tokenizer": set(),
     "registry": {"argcheck"},
     "shapes": {"argcheck"},
     "cache": _CORE,
     "sched": {"cache"} | _CORE,
     "config": {"cache", "sched"} | _CORE,
-    "workloads": _CORE,
+    "workloads": {"tokenizer"} | _CORE,
     "engine": {"cache", "sched", "config", "workloads"} | _CORE,
-    "model": {"engine", "sched", "cache", "config", "shapes", "env"} | _CORE,
+    "model": {"engine", "sched", "cache", "config", "shapes", "env", "tokenizer"} | _CORE,
     "sim": {"engine", "sched", "cache", "config", "shapes", "env"} | _CORE,   # env: the tables' cache
     "kvevents": {"cache"} | _CORE,
     "router": {"engine", "sched", "cache", "config", "sim", "kvevents", "workloads"} | _CORE,
     "server": {"engine", "sched", "cache", "config", "model", "sim", "kvevents", "workloads",
-               "shapes", "env"} | _CORE,
+               "shapes", "env", "tokenizer"} | _CORE,
     "rayserve": {"server", "router", "kvevents", "engine", "sched", "cache", "config", "sim",
                  "shapes"} | _CORE,
     "gateway": {"router", "kvevents", "model", "server", "sim", "cache", "sched", "engine",
-                "config", "shapes", "promtext"} | _CORE,
+                "config", "shapes", "promtext", "tokenizer"} | _CORE,
     "bench": {"workloads", "shapes", "promtext"} | _CORE,
     "offline": {"engine", "sched", "cache", "config", "sim", "workloads"} | _CORE,
     "offline.cluster": {"offline", "engine", "sched", "cache", "config", "sim", "workloads",
@@ -82,7 +85,7 @@ ROOMS: dict[str, set[str]] = {
     "commands": {"bench", "cache", "offline.calibration", "config", "engine", "kvevents", "model",
                  "offline", "offline.planning", "offline.plots", "offline.cluster", "rayserve",
                  "router", "sched", "server", "gateway", "shapes", "sim", "workloads",
-                 "env"} | _CORE,
+                 "env", "tokenizer"} | _CORE,
     "cli": {"commands"},
 }
 # torch only where the real model runs (env imports it lazily to tell whether CUDA is there)
@@ -218,7 +221,7 @@ def violations(unit: str) -> list[str]:
 
 # ---- the house ----------------------------------------------------------------------------
 def test_root_holds_only_the_leaves():
-    assert len(ROOT_MODULES) <= 7
+    assert len(ROOT_MODULES) <= 8
     loose = loose_modules(PKG)
     assert sorted(loose - ROOT_MODULES) == [], "modules outside any room"
     assert sorted(ROOT_MODULES - loose) == [], "root modules listed but missing"

@@ -120,7 +120,7 @@ def _tokenizer_path(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from radixkv.model.sampling import SamplingParams  # the torch extra is needed only here
     from radixkv.model.setup import device_name, torch_target
-    from radixkv.model.tokenizer import load_tokenizer
+    from radixkv.tokenizer import load_tokenizer
 
     if args.json is not None:
         check_file_target(args.json, "--json")

@@ -9,7 +9,8 @@ from typing import Any
 from radixkv.engine.presets import ENGINES
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
 from radixkv.argcheck import choice, positive_int, positive_number
-from radixkv.workloads import GENERATORS, Workload, load_workload, trace_format
+from radixkv.workloads import (GENERATORS, TraceFormatError, Workload, load_workload,
+                               trace_format)
 from radixkv.workloads.generators import KIND_NAMES
 from radixkv.workloads.sessions import ARRIVAL_MODES, SessionArrivals
 from radixkv.workloads.traces import MOONCAKE_BLOCK_SIZE
@@ -214,10 +215,13 @@ def load_from_args(args: argparse.Namespace, *, generator_defaults: dict | None 
             kw.update(vocab, **gen, block_size=args.trace_block_size, limit=limit)
         elif kind == "openai_chat":
             if tokenizer is None and args.tokenizer is not None:
-                from radixkv.model.tokenizer import load_tokenizer
+                from radixkv.tokenizer import load_tokenizer
                 tokenizer = load_tokenizer(args.tokenizer)
             kw["tokenizer"] = tokenizer             # None: the reader asks for --tokenizer
-    w = load_workload(spec, **kw)
+    try:
+        w = load_workload(spec, **kw)
+    except TraceFormatError as e:
+        raise e.with_hint("--skip-bad skips such lines") from None
     if limit is not None and len(w) > limit:
         w = Workload(w.name, w.requests[:limit], w.skipped, w.block_size, w.meta)
     if args.time_scale is not None:

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from radixkv.cache.config import CacheConfig
 from radixkv.commands.inputs import add_workload_args, load_from_args
+from radixkv.shapes import HF_RELEASES
 from radixkv.commands.output import Outputs, check_file_target, console, metadata, pct, \
     workload_info
 from radixkv.offline.simulate import REFERENCE
@@ -26,7 +27,6 @@ from radixkv.router import ROUTERS
 from radixkv.sched.config import SchedulerConfig
 from radixkv.sim.kv_links import DEFAULT_KV_LINK, KV_LINKS
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
-from radixkv.sim.tables import AIC_MODELS
 from radixkv.argcheck import positive_int
 
 LOADS = (0.8, 1.2)
@@ -50,11 +50,16 @@ def register(subparsers: Any) -> None:
                     "memory, cache design, page size, eviction, scheduler order and router "
                     "for the cheapest deployment whose simulation of the whole trace meets "
                     "the SLOs; prints the best, the frontier, and the commands to run it.")
+    known = len(p._actions)
     add_workload_args(p)
+    # the workload's flags, passed on to the cluster_args of plan.json
+    p.set_defaults(workload_flags=[(a.option_strings[0], a.dest, a.nargs == 0)
+                                   for a in p._actions[known:] if a.option_strings])
     g = p.add_argument_group("targets")
-    g.add_argument("--ttft-p99", type=float, required=True, metavar="S", help="TTFT p99, seconds")
-    g.add_argument("--itl-p99", type=float, required=True, metavar="S",
-                   help="inter-token latency p99 over every token, seconds")
+    g.add_argument("--ttft-p99", type=float, metavar="S", help="TTFT p99, seconds")
+    g.add_argument("--itl-p99", type=float, metavar="S",
+                   help="inter-token latency p99 over every token, seconds (at least one of "
+                        "the three SLOs is needed; those not given are not checked)")
     g.add_argument("--e2e-p99", type=float, metavar="S", help="end-to-end p99, seconds")
     g = p.add_argument_group("search space (comma-separated lists)")
     g.add_argument("--gpus", required=True, metavar="NAME[,NAME]",
@@ -123,7 +128,19 @@ def prices_of(items: list[str], gpus: list[str]) -> dict[str, float]:
     return out
 
 
-def row_json(r: Row, setting: Setting, trace: str) -> dict:
+def workload_argv(args: argparse.Namespace) -> list[str]:
+    """The workload flags this run was given, as `radixkv cluster` takes them."""
+    out: list[str] = []
+    for flag, dest, switch in args.workload_flags:
+        value = getattr(args, dest)
+        if switch:
+            out += [flag] if value else []
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def row_json(r: Row, setting: Setting, trace: list[str]) -> dict:
     c, o, f = r.candidate, r.outcome, r.candidate.family
     size = ({"prefill_replicas": c.prefill, "decode_replicas": c.decode} if f.disaggregated
             else {"replicas": c.replicas})
@@ -131,9 +148,11 @@ def row_json(r: Row, setting: Setting, trace: str) -> dict:
             "kv_fraction": f.kv_fraction, "max_total_tokens": setting.kv_tokens(f),
             "cache": f.cache, "page_size": f.page_size, "eviction": f.eviction,
             "schedule_policy": f.schedule, "router": f.router,
-            "cluster_args": setting.cluster_args(c, trace), "ttft_p99": o.ttft_p99,
+            "cluster_args": setting.cluster_args(c, trace[0], trace[1:]),
+            "ttft_p99": o.ttft_p99,
             "itl_p99": o.itl_p99, "e2e_p99": o.e2e_p99, "hit_rate": o.hit_rate,
             "makespan_s": o.makespan_s, "gpu_hours": r.gpu_hours, "cost": r.cost,
+            "cost_per_hour": per_hour(r),
             "meets_slo": r.meets}
 
 
@@ -146,7 +165,7 @@ def launch_lines(c: Candidate, setting: Setting) -> list[str]:
     """How to run `c`: radixkv serve (simulated replicas), vLLM and SGLang."""
     f = c.family
     tokens = setting.kv_tokens(f)
-    hf = AIC_MODELS.get(setting.model, setting.model)
+    hf = HF_RELEASES.get(setting.model, setting.model)     # the model simulated, not its tables'
     rk = ["radixkv", "serve", "--executor", "sim", "--model", setting.model, "--gpu", f.gpu,
           "--tp", str(f.tp), "--cache", f.cache,
           "--block-size" if f.cache == "blockhash" else "--page-size", str(f.page_size),
@@ -191,15 +210,29 @@ def _fig(v: float | None) -> str:
     return "-" if v is None else f"{v:,.3f}"
 
 
-def table(rows: list[Row], title: str) -> Table:
+def cost_columns(priced: bool) -> tuple[str, str]:
+    """The cost columns' headers, with their unit: dollars where --price was given, else
+    GPU-hours; for the whole trace, and per hour of traffic."""
+    unit = "USD" if priced else "GPU-h"
+    return f"{unit} (trace)", f"{unit} / h of traffic"
+
+
+def per_hour(r: Row) -> float:
+    """The cost of one hour of traffic: the trace's cost over the hours it spans."""
+    return r.cost * r.candidate.gpus / r.gpu_hours if r.gpu_hours else 0.0
+
+
+def table(rows: list[Row], title: str, priced: bool = False) -> Table:
     t = Table(title=title)
-    for col in ("#", "deployment", "GPUs", "GPU-hours", "cost", "TTFT p99 s", "ITL p99 s",
-                "E2E p99 s", "hit rate", "SLO"):
+    trace_col, hour_col = cost_columns(priced)
+    for col in ("#", "deployment", "GPUs", "GPU-h (trace)", *((trace_col,) if priced else ()),
+                hour_col, "TTFT p99 s", "ITL p99 s", "E2E p99 s", "hit rate", "SLO"):
         t.add_column(col, justify="left" if col == "deployment" else "right")
     for i, r in enumerate(rows, 1):
         o = r.outcome
+        costs = ((f"{r.cost:.3f}",) if priced else ()) + (f"{per_hour(r):.3f}",)
         t.add_row(str(i), r.candidate.label(), str(r.candidate.gpus), f"{r.gpu_hours:.3f}",
-                  f"{r.cost:.3f}", _fig(o.ttft_p99), _fig(o.itl_p99), _fig(o.e2e_p99),
+                  *costs, _fig(o.ttft_p99), _fig(o.itl_p99), _fig(o.e2e_p99),
                   pct(o.hit_rate), "met" if r.meets else "missed")
     return t
 
@@ -294,11 +327,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         runner.close()
     wall = time.monotonic() - started
-    trace = str(args.workload)
-    title = (f"{wl.name}: TTFT p99 ≤ {slo.ttft_p99:g} s, ITL p99 ≤ {slo.itl_p99:g} s"
-             + (f", E2E p99 ≤ {slo.e2e_p99:g} s" if slo.e2e_p99 else "")
+    trace = [str(args.workload), *workload_argv(args)]
+    title = (f"{wl.name}: {slo.describe()}"
              + f" · {args.model} on {', '.join(gpus)} · ≤ {max_gpus} GPUs")
-    con.print(table(best, f"cheapest deployments that meet the SLOs · {title}")
+    con.print(table(best, f"cheapest deployments that meet the SLOs · {title}",
+                    priced=bool(args.price))
               if best else f"[bold]no simulated deployment meets the SLOs[/] · {title}")
     con.print(family_table(rows, "every family simulated: its cheapest passing size, or its "
                                  "best miss"))
@@ -327,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
     con.print(f"{len(rows)} candidates simulated in {rounds} rounds, {pruned} sizes pruned, "
               f"{wall:,.1f} s")
     with Outputs() as out:
-        doc = metadata(workload_info(wl, trace), model=args.model, gpu=",".join(gpus),
+        doc = metadata(workload_info(wl, trace[0]), model=args.model, gpu=",".join(gpus),
                        max_total_tokens=None, timing=setting.replica(fams[0].gpu, fams[0].tp).cost.timing,
                        results=[row_json(r, setting, trace) for r in rows])
         out.write_json(args.json, {**doc, "slo": {"ttft_p99": slo.ttft_p99,

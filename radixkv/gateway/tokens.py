@@ -11,7 +11,7 @@ import json
 import aiohttp
 from pydantic import ValidationError
 
-from radixkv.model.tokenizer import load_tokenizer
+from radixkv.tokenizer import load_tokenizer
 from radixkv.server.protocol import ChatMessage
 from radixkv.server.text import ChatTemplate
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from radixkv.model.tokenizer import ByteTokenizer, byte_level_alphabet
+from radixkv.tokenizer import ByteTokenizer, byte_level_alphabet
 
 # the server's plain template (server/text.py), written for Hugging Face's renderer
 PLAIN_CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n"

@@ -16,7 +16,8 @@ publishes events, `on_events(replica, events)`; when the request finishes, `on_f
 request)`; a front end that sees the response stream may also call `on_first_token(i,
 request)` when the prefill is done. `route` is a decision only (it may advance a seeded random generator or a
 round-robin cursor, nothing the hooks own); what a router remembers about sent requests it
-records in `on_route`. Routers are built by name: `make_router("radixkv", RouterContext(8))`.
+records in `on_route`. Routers are built by the name their class line gives:
+`make_router("radixkv", RouterContext(8))`.
 """
 from __future__ import annotations
 
@@ -126,12 +127,22 @@ Events = Sequence[KVEvent] | Sequence[EventRun] | EventBatch
 
 
 class Router(ABC):
-    """Chooses a replica per request. Subclasses set `name`, may declare `Options` (a frozen,
-    validated dataclass of their tunables, its defaults the published ones) and `uses_events`
-    (True: the router reads KV events, so replicas must publish them)."""
+    """Chooses a replica per request. A subclass names itself in its class line, which sets
+    `name` and registers it in ROUTERS: `class RoundRobin(Router, name="round-robin")` (a base
+    or a test double given no name is not registered; it may set `name` itself). It may declare
+    `Options` (a frozen, validated dataclass of its tunables, its defaults the published ones)
+    and `uses_events` (True: the router reads KV events, so replicas must publish them)."""
     name: ClassVar[str]
     uses_events: ClassVar[bool] = False
     Options: ClassVar[type | None] = None
+
+    def __init_subclass__(cls, name: str | None = None, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"router name must be a non-empty str, got {name!r}")
+            cls.name = name
+            ROUTERS.add(name, cls)
 
     def __init__(self, context: RouterContext, options: Any = None):
         self.context = context

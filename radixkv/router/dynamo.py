@@ -29,7 +29,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, RouterContext
+from radixkv.router.base import ReplicaView, RequestInfo, RouterContext
 from radixkv.router.llmd import EventRouter
 from radixkv.argcheck import finite_at_least
 
@@ -71,9 +71,7 @@ def softmax_sample(logits: Sequence[float], temperature: float, u: float) -> int
     return len(logits) - 1
 
 
-@ROUTERS.register("dynamo-kv")
-class DynamoKV(EventRouter):
-    name = "dynamo-kv"
+class DynamoKV(EventRouter, name="dynamo-kv"):
     Options = DynamoOptions
 
     def __init__(self, context: RouterContext, options: DynamoOptions | None = None):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from radixkv.kvevents.index import KVIndex
 from radixkv.kvevents.wire import EventBatch
-from radixkv.router.base import ROUTERS, Events, ReplicaView, RequestInfo, Router, RouterContext
+from radixkv.router.base import Events, ReplicaView, RequestInfo, Router, RouterContext
 from radixkv.argcheck import finite_at_least
 
 
@@ -72,9 +72,7 @@ class EventRouter(Router):
         return self.index.indexes[self.check_replica(replica)]
 
 
-@ROUTERS.register("llm-d-precise")
-class LLMDPrecise(EventRouter):
-    name = "llm-d-precise"
+class LLMDPrecise(EventRouter, name="llm-d-precise"):
     Options = LLMDOptions
 
     def __init__(self, context: RouterContext, options: LLMDOptions | None = None):

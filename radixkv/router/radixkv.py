@@ -61,7 +61,7 @@ from typing import NamedTuple
 import numpy as np
 
 from radixkv.kvevents.hashes import PageHashes
-from radixkv.router.base import ROUTERS, Events, ReplicaView, RequestInfo, RouterContext
+from radixkv.router.base import Events, ReplicaView, RequestInfo, RouterContext
 from radixkv.router.flying import FlyingPages
 from radixkv.router.llmd import EventRouter
 from radixkv.router.ttft_fit import TTFTFit
@@ -105,9 +105,7 @@ class Prediction(NamedTuple):
     hit_tokens: int
 
 
-@ROUTERS.register("radixkv")
-class RadixKVRouter(EventRouter):
-    name = "radixkv"
+class RadixKVRouter(EventRouter, name="radixkv"):
     Options = RadixKVOptions
 
     def __init__(self, context: RouterContext, options: RadixKVOptions | None = None):
@@ -326,10 +324,8 @@ class RadixKVRouter(EventRouter):
         self.inflight[f.replica].remove(request.rid)
 
 
-@ROUTERS.register("radixkv-fit")
-class RadixKVFitRouter(RadixKVRouter):
+class RadixKVFitRouter(RadixKVRouter, name="radixkv-fit"):
     """The radixkv rule with its TTFT fitted online to the measured ones (`fit`)."""
-    name = "radixkv-fit"
 
     @classmethod
     def default_options(cls) -> RadixKVOptions:

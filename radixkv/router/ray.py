@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radixkv.router.approxtree import ApproxTree
-from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
+from radixkv.router.base import ReplicaView, RequestInfo, Router, RouterContext
 from radixkv.router.simple import two_choices
 from radixkv.argcheck import fraction, int_at_least
 
@@ -31,9 +31,9 @@ class RayPrefixOptions:
         fraction(self.match_rate_threshold, "ray-prefix-affinity match_rate_threshold")
 
 
-@ROUTERS.register("ray-prefix-affinity")
-class RayPrefixAffinity(Router):
-    name = "ray-prefix-affinity"
+class RayPrefixAffinity(Router, name="ray-prefix-affinity"):
+    """Prefix affinity among balanced replicas, power of two choices otherwise (the rule in the
+    module docstring), over one multi-tenant tree of the prompts sent."""
     Options = RayPrefixOptions
 
     def __init__(self, context: RouterContext, options: RayPrefixOptions | None = None):

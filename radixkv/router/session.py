@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
+from radixkv.router.base import ReplicaView, RequestInfo, Router, RouterContext
 from radixkv.argcheck import positive_int
 
 
@@ -26,9 +26,7 @@ def _hash(text: str) -> int:
     return xxhash.xxh3_64_intdigest(text.encode())
 
 
-@ROUTERS.register("session-hash")
-class SessionHash(Router):
-    name = "session-hash"
+class SessionHash(Router, name="session-hash"):
     Options = SessionHashOptions
 
     def __init__(self, context: RouterContext, options: SessionHashOptions | None = None):

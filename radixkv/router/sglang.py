@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radixkv.router.approxtree import ApproxTree
-from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
+from radixkv.router.base import ReplicaView, RequestInfo, Router, RouterContext
 from radixkv.argcheck import finite_at_least, fraction, int_at_least, positive_int
 
 
@@ -35,9 +35,9 @@ class SGLangOptions:
         positive_int(self.max_tree_size, "sglang-cache-aware max_tree_size")
 
 
-@ROUTERS.register("sglang-cache-aware")
-class SGLangCacheAware(Router):
-    name = "sglang-cache-aware"
+class SGLangCacheAware(Router, name="sglang-cache-aware"):
+    """The least loaded worker when imbalanced, else the longest tree match (the rule in the
+    module docstring), over one multi-tenant tree of the prompts sent, pruned on a timer."""
     Options = SGLangOptions
 
     def __init__(self, context: RouterContext, options: SGLangOptions | None = None):

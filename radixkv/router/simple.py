@@ -4,13 +4,11 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from radixkv.router.base import ROUTERS, ReplicaView, RequestInfo, Router, RouterContext
+from radixkv.router.base import ReplicaView, RequestInfo, Router, RouterContext
 
 
-@ROUTERS.register("round-robin")
-class RoundRobin(Router):
+class RoundRobin(Router, name="round-robin"):
     """Replicas in turn: 0, 1, ..., N-1, 0, ..."""
-    name = "round-robin"
 
     def __init__(self, context: RouterContext, options=None):
         super().__init__(context, options)
@@ -32,11 +30,9 @@ def two_choices(rng: random.Random, candidates: Sequence[int],
     return b if replicas[b].queue_len < replicas[a].queue_len else a
 
 
-@ROUTERS.register("power-of-two")
-class PowerOfTwo(Router):
+class PowerOfTwo(Router, name="power-of-two"):
     """Power of two choices (Ray Serve's default): two replicas at random (seeded), the one
     with the shorter queue."""
-    name = "power-of-two"
 
     def __init__(self, context: RouterContext, options=None):
         super().__init__(context, options)
@@ -47,11 +43,9 @@ class PowerOfTwo(Router):
         return two_choices(self.rng, range(self.n), replicas)
 
 
-@ROUTERS.register("least-load")
-class LeastLoad(Router):
+class LeastLoad(Router, name="least-load"):
     """The replica holding the fewest requests; ties go to the fewest tokens still to prefill
     and decode, then to the lowest index."""
-    name = "least-load"
 
     def route(self, request: RequestInfo, replicas: Sequence[ReplicaView]) -> int:
         self.check_views(replicas)

@@ -198,6 +198,7 @@ class Scheduler:
         next k tokens for every request (none finishes: the caller checked), the ratio's decay
         once per round."""
         for r in reqs:
+            assert r.forced_output is not None      # the caller checked: every one is forced
             r.num_computed += k
             at = len(r.tokens) - r.prompt_len
             r.tokens += r.forced_output[at:at + k]

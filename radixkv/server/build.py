@@ -114,7 +114,7 @@ def tokenizer_path(opts: ServeOptions) -> str | None:
 def load_text(opts: ServeOptions, vocab_size: int | None = None) -> tuple[Any, ChatTemplate]:
     """The tokenizer (--tokenizer, else the checkpoint's, else bytes: as many ids as the model's
     vocabulary, `vocab_size`) and chat template."""
-    from radixkv.model.tokenizer import load_tokenizer  # no torch needed
+    from radixkv.tokenizer import load_tokenizer  # no torch needed
 
     tokenizer = load_tokenizer(tokenizer_path(opts), vocab_size)
     model_dir = opts.model if Path(opts.model).is_dir() else None

@@ -3,9 +3,10 @@
 A line is a JSON object with
     messages    a non-empty list of {"role": str, "content": ...} as in OpenAI's chat API;
                 content is a string, null (empty) or a list of {"type": "text", "text": str}
-                parts (joined without a separator); other message keys are ignored
-    timestamp   optional: seconds (a number) or an ISO-8601 date-time string (UTC unless it
-                carries an offset)
+                parts (joined without a separator), and may be left out only beside
+                `tool_calls` (empty then); other message keys are ignored
+    timestamp   optional: a number, in seconds or milliseconds (`timestamp_unit`), or an
+                ISO-8601 date-time string (UTC unless it carries an offset)
     user        optional str: the request's session and routing key
     id          optional non-empty str, unique in the file (default "<file stem>-<line>")
     output_len, max_completion_tokens, max_tokens
@@ -30,22 +31,29 @@ tokenizer that merges across a newline, or marks the start of every encode call 
 SentencePiece "▁" prefix, an added BOS with add_bos=True on the reply), shares a few
 tokens less at each boundary.
 
+Numeric timestamps are seconds or milliseconds as `timestamp_unit` says ("s", "ms"); left
+None, the unit is found from their size: every one at least EPOCH_MS_FLOOR (1e11, which is
+the year 5138 in seconds and March 1973 in milliseconds) means epoch milliseconds, none means
+seconds, some of each is refused. `Workload.meta["timestamp_unit"]` holds the unit used and
+`meta["timestamp_unit_detected"]` whether it was found rather than given, so that a caller
+can say so.
+
 Arrivals are timestamps minus the earliest timestamp in the file. A line without one
 arrives with the line before it (file order is kept); lines before the first timestamp, or
 all lines when there is none, arrive at 0.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from radixkv.argcheck import is_number, optional_str
+from radixkv.argcheck import choice, is_number, optional_str
+from radixkv.tokenizer import load_tokenizer
 
-from .record import TraceRequest, Workload, parse_lines, token_count
+from .record import TraceRequest, Workload, json_line, parse_lines, token_count
 
 ROLE_TEMPLATE = "<|{role}|>\n{content}\n"
 GENERATION_PROMPT = "<|assistant|>\n"
@@ -54,7 +62,7 @@ OUTPUT_LEN_KEYS = ("output_len", "max_completion_tokens", "max_tokens")
 
 
 class TextEncoder(Protocol):
-    """What the reader needs of a tokenizer (radixkv.model.tokenizer's satisfy it)."""
+    """What the reader needs of a tokenizer (radixkv.tokenizer's satisfy it)."""
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]: ...
 
@@ -103,18 +111,22 @@ def parse_messages(v: Any) -> list[ChatMessage]:
         role = m.get("role")
         if not isinstance(role, str) or not role:
             raise ValueError(f"{where}.role must be a non-empty string, got {role!r}")
+        if "content" not in m and "tool_calls" not in m:
+            raise ValueError(f"{where} (role {role!r}) has no 'content'; an empty message is "
+                             f"written \"content\": \"\" or null")
         out.append(ChatMessage(role, _content(m.get("content"), where)))
     return out
 
 
 def parse_timestamp(v: Any) -> float:
-    """Seconds: a finite number as is, an ISO-8601 string as POSIX seconds (UTC if naive)."""
+    """A finite number as is (its unit is the caller's), an ISO-8601 string as POSIX seconds
+    (UTC if naive)."""
     if isinstance(v, str):
         try:
             dt = datetime.fromisoformat(v)
         except ValueError:
-            raise ValueError(f"timestamp {v!r} is neither a number of seconds nor an "
-                             f"ISO-8601 date-time") from None
+            raise ValueError(f"timestamp {v!r} is neither a number nor an ISO-8601 "
+                             f"date-time") from None
         if dt.tzinfo is None:
             dt = dt.replace(tzinfo=timezone.utc)
         return dt.timestamp()
@@ -123,32 +135,61 @@ def parse_timestamp(v: Any) -> float:
     except OverflowError:   # an int beyond float range
         ok = False
     if not ok:
-        raise ValueError(f"timestamp must be a finite number of seconds or an ISO-8601 "
-                         f"string, got {v!r}")
+        raise ValueError(f"timestamp must be a finite number or an ISO-8601 string, "
+                         f"got {v!r}")
     return float(v)
+
+
+EPOCH_MS_FLOOR = 1e11
+TIMESTAMP_UNITS = {"s": 1.0, "ms": 1e-3}
 
 
 @dataclass(frozen=True, slots=True)
 class _Row:
     request: TraceRequest   # arrival 0 until the file's time origin is known
-    time: float | None
+    time: float | None      # seconds, or the number as written when `numeric`
+    numeric: bool
+    lineno: int
+
+
+def _timestamp_unit(rows: list[_Row], path: Path, unit: str | None) -> tuple[str, bool]:
+    """(the unit of the numeric timestamps, whether it was detected); see the module doc."""
+    if unit is not None:
+        if unit not in TIMESTAMP_UNITS:
+            raise ValueError(f"unknown timestamp unit {unit!r}; valid: "
+                             f"{', '.join(TIMESTAMP_UNITS)}")
+        return unit, False
+    nums = [r for r in rows if r.numeric]
+    big = next((r for r in nums if abs(r.time) >= EPOCH_MS_FLOOR), None)   # type: ignore[arg-type]
+    small = next((r for r in nums if abs(r.time) < EPOCH_MS_FLOOR), None)  # type: ignore[arg-type]
+    if big is not None and small is not None:
+        raise ValueError(f"{path}: timestamps mix sizes: line {small.lineno} has {small.time:g} "
+                         f"(seconds?) and line {big.lineno} {big.time:g} (epoch milliseconds?); "
+                         f"give the unit (timestamp_unit, --timestamp-unit s or ms)")
+    return ("ms" if big is not None else "s"), big is not None
 
 
 def read_chat_log(path: str | Path, tokenizer: TextEncoder, skip_bad: bool = False,
-                  default_output_len: int = DEFAULT_OUTPUT_LEN, add_bos: bool = False
-                  ) -> Workload:
+                  default_output_len: int = DEFAULT_OUTPUT_LEN, add_bos: bool = False,
+                  timestamp_unit: str | None = None) -> Workload:
     """Read an OpenAI chat log (see the module doc) into a Workload of token-id requests.
 
     A bad line raises TraceFormatError("<file>:<line>: <what>"), or with skip_bad=True is
     dropped and counted in `Workload.skipped`; duplicate ids count as bad (the later line).
-    Prompt + output are bounded by MAX_REQUEST_TOKENS per request.
+    Prompt + output are bounded by MAX_REQUEST_TOKENS per request. `timestamp_unit`: "s",
+    "ms" or None (found from the numbers' size, see the module doc). `tokenizer` is an
+    encoder or the path of a tokenizer.json (or of a directory holding one).
     """
     default_output_len = token_count(default_output_len, "default_output_len")
+    if timestamp_unit is not None:
+        choice(timestamp_unit, "timestamp unit", TIMESTAMP_UNITS)
     path = Path(path)
+    if isinstance(tokenizer, (str, Path)):
+        tokenizer = load_tokenizer(tokenizer)
     ids: set[str] = set()
 
     def parse(line: str, lineno: int) -> _Row:
-        d = json.loads(line)
+        d = json_line(line)
         if not isinstance(d, dict):
             raise ValueError(f"expected a JSON object, got {type(d).__name__}")
         if "messages" not in d:
@@ -160,7 +201,8 @@ def read_chat_log(path: str | Path, tokenizer: TextEncoder, skip_bad: bool = Fal
         if rid in ids:
             raise ValueError(f"duplicate request id {rid!r}")
         user = optional_str(d.get("user"), "user")
-        time = None if d.get("timestamp") is None else parse_timestamp(d["timestamp"])
+        stamp = d.get("timestamp")
+        time = None if stamp is None else parse_timestamp(stamp)
         output: list[int] | None = None
         n_out = default_output_len
         if messages[-1].role == "assistant":
@@ -177,16 +219,18 @@ def read_chat_log(path: str | Path, tokenizer: TextEncoder, skip_bad: bool = Fal
         r = TraceRequest(rid, 0.0, prompt, output, None if output is not None else n_out,
                          routing_key=user, session=user)
         ids.add(rid)
-        return _Row(r, time)
+        return _Row(r, time, stamp is not None and not isinstance(stamp, str), lineno)
 
     rows, skipped = parse_lines(path, parse, skip_bad)
-    given = [r.time for r in rows if r.time is not None]
+    unit, detected = _timestamp_unit(rows, path, timestamp_unit)
+    scale = TIMESTAMP_UNITS[unit]
+    given = [r.time * (scale if r.numeric else 1.0) for r in rows if r.time is not None]
     origin = min(given, default=0.0)
     requests, t = [], origin
     for row in rows:
-        t = t if row.time is None else row.time
+        t = t if row.time is None else row.time * (scale if row.numeric else 1.0)
         requests.append(row.request.with_arrival(t - origin))
     meta = {"source": str(path), "format": "openai_chat", "role_template": ROLE_TEMPLATE,
             "generation_prompt": GENERATION_PROMPT, "default_output_len": default_output_len,
-            "add_bos": add_bos}
+            "add_bos": add_bos, "timestamp_unit": unit, "timestamp_unit_detected": detected}
     return Workload(path.stem, requests, skipped=skipped, meta=meta)

@@ -36,7 +36,30 @@ T = TypeVar("T")
 
 
 class TraceFormatError(ValueError):
-    """A trace file line that cannot be read; the message names the file and 1-based line."""
+    """A trace file line that cannot be read: "<file>:<line>: <reason>; <hint>", the line
+    1-based; `path`, `lineno` and `reason` are kept so that a command line can name its own
+    flag in the hint (`with_hint`)."""
+
+    def __init__(self, path: str | Path, lineno: int, reason: str,
+                 hint: str = "skip_bad=True skips such lines") -> None:
+        self.path, self.lineno, self.reason, self.hint = str(path), lineno, reason, hint
+        super().__init__(f"{path}:{lineno}: {reason}; {hint}")
+
+    def with_hint(self, hint: str) -> TraceFormatError:
+        """The same error with another hint ("--skip-bad skips such lines")."""
+        return TraceFormatError(self.path, self.lineno, self.reason, hint)
+
+
+def json_line(line: str) -> Any:
+    """One line's JSON value; a ValueError that says what broke and where, in place of the
+    decoder's own "Expecting ',' delimiter: line 1 column 45 (char 44)"."""
+    line = line.rstrip()
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        cut = "; the line looks cut short" if e.pos >= len(line) or \
+            e.msg.startswith("Unterminated") else ""
+        raise ValueError(f"not valid JSON ({e.msg}, column {e.colno}{cut})") from None
 
 
 def _as_tokens(name: str, value: Any) -> tuple[int, ...]:
@@ -291,7 +314,7 @@ def parse_lines(path: str | Path, parse: Callable[[str, int], T | None],
                 skip_bad: bool = False, limit: int | None = None) -> tuple[list[T], int]:
     """Apply `parse(text, lineno)` to each non-blank line: (results that are not None,
     skipped lines). A line whose decoding or parsing raises ValueError or TypeError raises
-    TraceFormatError("<file>:<line>: <what>"), or with skip_bad=True is counted and
+    TraceFormatError("<file>:<line>: <what>; ..."), or with skip_bad=True is counted and
     dropped. `limit` stops after that many results."""
     out: list[T] = []
     skipped = 0
@@ -306,7 +329,7 @@ def parse_lines(path: str | Path, parse: Callable[[str, int], T | None],
                 item = parse(line, lineno)
             except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
                 if not skip_bad:
-                    raise TraceFormatError(f"{path}:{lineno}: {e}") from None
+                    raise TraceFormatError(path, lineno, str(e)) from None
                 skipped += 1
                 continue
             if item is not None:
@@ -327,7 +350,7 @@ def read_jsonl(path: str | Path, skip_bad: bool = False) -> Workload:
     header: dict[str, Any] = {}
 
     def parse(line: str, lineno: int) -> TraceRequest | None:
-        d = json.loads(line)
+        d = json_line(line)
         if lineno == 1 and isinstance(d, dict) and HEADER_KEY in d:
             header["name"], header["block_size"], header["meta"] = _parse_header(d)
             return None

@@ -26,7 +26,6 @@ reproduce what a conversation's next turn re-sends; its reuse is all in the hash
 from __future__ import annotations
 
 import gc
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +36,7 @@ from radixkv.argcheck import finite_at_least, int_at_least, positive_int
 
 from ._common import check_vocab
 from .record import (MAX_REQUEST_TOKENS, MAX_WORKLOAD_TOKENS, TraceRequest, Workload,
-                     parse_lines, token_count)
+                     json_line, parse_lines, token_count)
 
 MOONCAKE_BLOCK_SIZE = 512
 PROMPT_SALT = 0x5241_4449_584B_5631  # "RADIXKV1"
@@ -79,7 +78,7 @@ class HashIdRow:
 
 
 def _parse(line: str, lineno: int, block_size: int) -> HashIdRow:
-    d = json.loads(line)
+    d = json_line(line)
     if not isinstance(d, dict):
         raise ValueError(f"expected a JSON object, got {type(d).__name__}")
     for key in ("timestamp", "input_length", "output_length", "hash_ids"):

@@ -452,9 +452,9 @@ class IndexMachine(RuleBasedStateMachine):
 
     @invariant()
     def a_valid_stamp_is_never_stale(self):
-        for key, prefix, ids, node, stamp in self.memo:
+        for memo_key, prefix, ids, node, stamp in self.memo:
             if self.c.match_valid(node, stamp):
-                m = self.c.match_prefix(key, split=False)
+                m = self.c.match_prefix(memo_key, split=False)
                 assert (m.prefix_len, [b.id for b in m.last_node]) == (prefix, ids)
                 assert all(a is b for a, b in zip(m.last_node, node))
 

@@ -257,7 +257,8 @@ def test_files_that_are_not_utf8_are_named(tmp_path, capsys):
     trace = tmp_path / "latin1.jsonl"
     trace.write_bytes(b'{"id": "caf\xe9"}\n')
     fails(capsys, "replay", trace,
-          line=f"radixkv replay: error: {trace}:1: not UTF-8 text: byte 0xe9 at column 12")
+          line=f"radixkv replay: error: {trace}:1: not UTF-8 text: byte 0xe9 at column 12; "
+               f"--skip-bad skips such lines")
     prompts = tmp_path / "p.txt"
     prompts.write_bytes(b"caf\xe9\n")
     fails(capsys, *GENERATE, "--prompts", prompts,
@@ -274,7 +275,7 @@ def test_wrong_trace_options(tmp_path, capsys):
                f"hash-id trace)")
     fails(capsys, "replay", trace,
           line=f"radixkv replay: error: {trace}:1: len(hash_ids) = 3 but input_length 130 needs "
-               f"ceil(130/512) = 1 blocks")
+               f"ceil(130/512) = 1 blocks; --skip-bad skips such lines")
     fails(capsys, "replay", tmp_path / "nope.jsonl",
           line=f"radixkv replay: error: '{tmp_path / 'nope.jsonl'}' is neither a generator "
                f"(support, fewshot, multiturn, burst, tree, rag) nor an existing trace file")

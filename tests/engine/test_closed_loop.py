@@ -1,7 +1,7 @@
 """Closed loop: N clients, each sending its next request when its previous one finishes."""
 import pytest
 
-from radixkv.config import CacheConfig, EngineConfig
+from radixkv.config import EngineConfig
 from radixkv.engine.clients import ClosedLoop
 from radixkv.engine.engine import Engine
 from radixkv.sim.costmodel import CostModel

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from radixkv.shapes import get_model_config
-from radixkv.model.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from radixkv.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 
 def test_byte_tokenizer_matches_tiny_llama():
@@ -89,7 +89,7 @@ def test_load_tokenizer_default_and_missing(tmp_path):
 def test_long_text_encodes_the_same_in_slices(hf_dir):
     """Past GIL_SLICE the byte tokenizer encodes in slices, and the HF one always takes its fast
     batch path (both let other threads run); the ids are exactly those of one whole encode."""
-    from radixkv.model.tokenizer import GIL_SLICE
+    from radixkv.tokenizer import GIL_SLICE
     text = "héllo wörld! " * (3 * GIL_SLICE // 13 + 5)          # > 3 slices of UTF-8 bytes
     assert len(text) > GIL_SLICE
     tok = ByteTokenizer()

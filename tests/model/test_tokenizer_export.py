@@ -12,8 +12,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from radixkv.cli import main
-from radixkv.model.tokenizer import ByteTokenizer, HFTokenizer
-from radixkv.model.tokenizer import plain_bytes_specials
+from radixkv.tokenizer import ByteTokenizer, HFTokenizer
+from radixkv.tokenizer import plain_bytes_specials
 from radixkv.model.tokenizer_files import byte_level_alphabet
 from radixkv.server.text import ChatTemplate
 

@@ -74,7 +74,7 @@ def test_regression_dedup_hold_threshold_zero_held_everything():
     eng = make_engine(4096, CacheConfig(), SchedulerConfig(dedup_hold_threshold=0), check=True)
     a = eng.add_request(Request("a", toks(0, 40), 0, forced_output=toks(900, 3), index=0))
     b = eng.add_request(Request("b", toks(0, 30) + toks(500, 10), 0, forced_output=(), index=1))
-    c = eng.add_request(Request("c", toks(1000, 40), 0, forced_output=(), index=2))
+    eng.add_request(Request("c", toks(1000, 40), 0, forced_output=(), index=2))
     eng.run_until_idle()
     # b shares 30 tokens with a in-batch: held one round; c shares nothing: admitted with a
     assert [s[0] for s in eng.executor.extends(0)] == ["a", "c"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 
 from radixkv.sched.batch import StepResult
 from radixkv.sched.request import Request

@@ -41,7 +41,7 @@ def test_features_by_hand():
 
 def test_spilled_bytes_count_once_one_layers_grid_is_over_the_threshold():
     # one layer's padded grid: K * B * C / 2 layers = 1024 * B * C bytes
-    P, K = SPEC.flops_per_token // 2, 2048
+    K = 2048
     assert step_features(SPEC, (), (4095,) * 4, 1024 * 4 * 4096 - 1)[6:] == (K * 4 * 4096.0,) * 2
     assert step_features(SPEC, (), (4095,) * 4, 1024 * 4 * 4096)[7] == 0.0
     assert step_features(SPEC, (), (4095,) * 4, None)[7] == 0.0

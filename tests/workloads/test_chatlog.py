@@ -7,7 +7,7 @@ import json
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from radixkv.model.tokenizer import load_tokenizer
+from radixkv.tokenizer import load_tokenizer
 from radixkv.workloads import (TraceFormatError, load_workload, read_chat_log, render_prompt,
                                trace_format)
 from radixkv.workloads.chatlog import ChatMessage, parse_messages

@@ -37,10 +37,12 @@ class Work(NamedTuple):
 
 
 class Bounds:
-    def __init__(self, requests: list[TraceRequest], setting: Setting, ttft_s: float,
+    def __init__(self, requests: list[TraceRequest], setting: Setting, ttft_s: float | None,
                  e2e_s: float | None = None):
         self.requests, self.setting = requests, setting
-        self.ttft_s, self.e2e_s = ttft_s, e2e_s
+        # no TTFT target: nothing is pruned for TTFT
+        self.ttft_s = float("inf") if ttft_s is None else ttft_s
+        self.e2e_s = e2e_s
         arr = [r.arrival for r in requests]
         self.span = (max(arr) - min(arr)) if arr else 0.0
         # the TTFT target binds 99 % of requests: the prompts of all but the longest 1 %

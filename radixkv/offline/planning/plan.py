@@ -29,21 +29,35 @@ from radixkv.argcheck import positive_number
 
 @dataclass(frozen=True)
 class SLO:
-    ttft_p99: float
-    itl_p99: float
+    """The targets a deployment must meet, in seconds; a target not given (None) is not
+    checked, and at least one must be given."""
+    ttft_p99: float | None = None
+    itl_p99: float | None = None
     e2e_p99: float | None = None
 
     def __post_init__(self):
-        positive_number(self.ttft_p99, "--ttft-p99")
-        positive_number(self.itl_p99, "--itl-p99")
-        if self.e2e_p99 is not None:
-            positive_number(self.e2e_p99, "--e2e-p99")
+        given = self.targets()
+        if not given:
+            raise ValueError("give at least one SLO: --ttft-p99, --itl-p99 or --e2e-p99")
+        for flag, bound in given:
+            positive_number(bound, flag)
+
+    def targets(self) -> list[tuple[str, float]]:
+        """(flag, seconds) of every target given."""
+        return [(flag, bound) for flag, bound in (("--ttft-p99", self.ttft_p99),
+                                                  ("--itl-p99", self.itl_p99),
+                                                  ("--e2e-p99", self.e2e_p99))
+                if bound is not None]
+
+    def describe(self) -> str:
+        """'TTFT p99 <= 2 s, ITL p99 <= 0.05 s' over the targets given."""
+        names = {"--ttft-p99": "TTFT p99", "--itl-p99": "ITL p99", "--e2e-p99": "E2E p99"}
+        return ", ".join(f"{names[flag]} ≤ {bound:g} s" for flag, bound in self.targets())
 
     def meets(self, o: Outcome) -> bool:
-        figures = [(o.ttft_p99, self.ttft_p99), (o.itl_p99, self.itl_p99)]
-        if self.e2e_p99 is not None:
-            figures.append((o.e2e_p99, self.e2e_p99))
-        return all(v is not None and v <= bound for v, bound in figures)
+        got = {"--ttft-p99": o.ttft_p99, "--itl-p99": o.itl_p99, "--e2e-p99": o.e2e_p99}
+        return all(got[flag] is not None and got[flag] <= bound
+                   for flag, bound in self.targets())
 
 
 class Row(NamedTuple):

@@ -9,6 +9,8 @@ queue order and the router; a candidate adds the replica counts, and costs its G
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import itertools
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -122,10 +124,12 @@ class Setting:
                                 seed=self.seed)
         return ClusterConfig(eng, c.replicas, self.seed)
 
-    def cluster_args(self, c: Candidate, trace: str) -> list[str]:
-        """The `radixkv cluster` arguments that simulate `c` alone."""
+    def cluster_args(self, c: Candidate, trace: str, workload_args: Sequence[str] = ()
+                     ) -> list[str]:
+        """The `radixkv cluster` arguments that simulate `c` alone; `workload_args` are the
+        flags that shaped the workload (--tokenizer, --trace-block-size, ...), passed on."""
         f = c.family
-        args = [trace, "--model", self.model, "--gpu", f.gpu, "--tp", str(f.tp)]
+        args = [trace, *workload_args, "--model", self.model, "--gpu", f.gpu, "--tp", str(f.tp)]
         if self.timing is not None:
             args += ["--timing", self.timing]
         args += ["--cache", f.cache]

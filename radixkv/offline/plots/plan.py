@@ -24,7 +24,7 @@ def frontier(rows: Sequence[Row]) -> list[tuple[int, float]]:
     return out
 
 
-def plot_plan(rows: Sequence[Row], chosen: Row | None, ttft_target: float, path: str | Path,
+def plot_plan(rows: Sequence[Row], chosen: Row | None, ttft_target: float | None, path: str | Path,
               title: str) -> Path:
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -49,14 +49,17 @@ def plot_plan(rows: Sequence[Row], chosen: Row | None, ttft_target: float, path:
         right = max(r.candidate.gpus for r in rows)       # the last level holds to the end
         ax.step([*xs, right], [*ys, ys[-1]], where="post", color="0.3", lw=1.2,
                 label="frontier")
-    ax.axhline(ttft_target, color="tab:red", ls="--", lw=1, label=f"TTFT p99 target "
-                                                                    f"{ttft_target:g} s")
+    if ttft_target is not None:
+        ax.axhline(ttft_target, color="tab:red", ls="--", lw=1,
+                   label=f"TTFT p99 target {ttft_target:g} s")
     if chosen is not None and chosen.outcome.ttft_p99 is not None:
         ax.scatter([chosen.candidate.gpus], [chosen.outcome.ttft_p99], s=220, facecolors="none",
                    edgecolors="black", lw=1.5, label=f"chosen: {chosen.candidate.label()}")
     ax.set_yscale("log")
-    ys = [r.outcome.ttft_p99 for r in rows if r.outcome.ttft_p99] + [ttft_target]
-    plain_log_ticks(ax.yaxis, min(ys), max(ys))
+    ys = [r.outcome.ttft_p99 for r in rows if r.outcome.ttft_p99] + (
+        [ttft_target] if ttft_target is not None else [])
+    if ys:
+        plain_log_ticks(ax.yaxis, min(ys), max(ys))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("GPUs")
     ax.set_ylabel("TTFT p99 (s)")
