@@ -21,7 +21,7 @@ from radixkv.offline.simulate import REFERENCE
 from radixkv.offline.planning.bounds import Bounds
 from radixkv.offline.planning.plan import SLO, Row, exhaustive, recommend, search
 from radixkv.offline.planning.runner import Job, LocalRunner, Outcome, RayRunner
-from radixkv.offline.planning.space import MODES, Candidate, Setting, families
+from radixkv.offline.planning.space import MODES, Candidate, Family, Setting, families
 from radixkv.offline.plots.plan import frontier, plot_plan
 from radixkv.router import ROUTERS
 from radixkv.sched.config import SchedulerConfig
@@ -257,21 +257,34 @@ def family_table(rows: list[Row], title: str) -> Table:
     return t
 
 
-def run(args: argparse.Namespace) -> int:
-    for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
-        check_file_target(path, flag)
-    slo = SLO(args.ttft_p99, args.itl_p99, args.e2e_p99)
-    gpus = _list(args.gpus)
-    for g in gpus:
-        if g not in GPU_SPECS:
-            raise ValueError(f"--gpus: unknown GPU {g!r}; valid: {', '.join(sorted(GPU_SPECS))}")
-    max_gpus = positive_int(args.max_gpus, "--max-gpus")
-    keep = positive_int(args.keep, "--keep")
+def recommendations(con: Any, best: list[Row], extra: dict, slo: SLO, setting: Setting,
+                    trace: list[str]) -> list[dict]:
+    """Each chosen deployment at every load and without the cache, printed and as JSON."""
+    recs = []
+    for i, r in enumerate(best, 1):
+        off = extra.get(Job(r.candidate, cache_off=True))
+        loads = {f"{load:g}x": outcome_json(extra[Job(r.candidate, load)], slo)
+                 for load in LOADS}
+        con.print(f"#{i} {r.candidate.label()}: " + "; ".join(
+            f"at {k} load TTFT p99 {_fig(v['ttft_p99'])} s, ITL p99 {_fig(v['itl_p99'])} s "
+            f"({'meets' if v['meets_slo'] else 'misses'})" for k, v in loads.items()))
+        if off is not None:
+            con.print(f"   without the prefix cache: TTFT p99 {_fig(off.ttft_p99)} s, ITL p99 "
+                      f"{_fig(off.itl_p99)} s ({'meets' if slo.meets(off) else 'misses'} the "
+                      f"SLOs)")
+        recs.append({"rank": i, **row_json(r, setting, trace), "load": loads,
+                     "cache_off": None if off is None else outcome_json(off, slo),
+                     "launch": launch_lines(r.candidate, setting)})
+    return recs
+
+
+def search_space(args: argparse.Namespace, setting: Setting, gpus: list[str],
+                 max_gpus: int) -> list[Family]:
+    """The families the flags name, each value checked, those that fit within --max-gpus."""
     modes = _list(args.modes)
     for m in modes:
         if m not in MODES:
             raise ValueError(f"--modes: unknown mode {m!r}; valid: {', '.join(MODES)}")
-    setting = Setting(args.model, args.timing, args.kv_link, args.seed)
     space = dict(tps=_list(args.tp, int), kv_fractions=_list(args.kv_fractions, float),
                  caches=_list(args.caches), page_sizes=_list(args.page_sizes, int),
                  evictions=_list(args.evictions), schedules=_list(args.schedules),
@@ -293,6 +306,21 @@ def run(args: argparse.Namespace) -> int:
     if not fams:
         raise ValueError("no deployment fits: the model does not fit the GPUs at these TP "
                          "degrees within --max-gpus")
+    return fams
+
+
+def run(args: argparse.Namespace) -> int:
+    for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
+        check_file_target(path, flag)
+    slo = SLO(args.ttft_p99, args.itl_p99, args.e2e_p99)
+    gpus = _list(args.gpus)
+    for g in gpus:
+        if g not in GPU_SPECS:
+            raise ValueError(f"--gpus: unknown GPU {g!r}; valid: {', '.join(sorted(GPU_SPECS))}")
+    max_gpus = positive_int(args.max_gpus, "--max-gpus")
+    keep = positive_int(args.keep, "--keep")
+    setting = Setting(args.model, args.timing, args.kv_link, args.seed)
+    fams = search_space(args, setting, gpus, max_gpus)
     prices = prices_of(args.price, gpus)
     wl = load_from_args(args, generator_defaults=REFERENCE.generator_defaults(args.workload))
     requests = list(wl)
@@ -338,21 +366,7 @@ def run(args: argparse.Namespace) -> int:
     front = frontier(rows)
     con.print("frontier (GPUs: least TTFT p99): " + " · ".join(
         f"{g}: {t:.3f} s" for g, t in front))
-    recs = []
-    for i, r in enumerate(best, 1):
-        off = extra.get(Job(r.candidate, cache_off=True))
-        loads = {f"{load:g}x": outcome_json(extra[Job(r.candidate, load)], slo)
-                 for load in LOADS}
-        con.print(f"#{i} {r.candidate.label()}: " + "; ".join(
-            f"at {k} load TTFT p99 {_fig(v['ttft_p99'])} s, ITL p99 {_fig(v['itl_p99'])} s "
-            f"({'meets' if v['meets_slo'] else 'misses'})" for k, v in loads.items()))
-        if off is not None:
-            con.print(f"   without the prefix cache: TTFT p99 {_fig(off.ttft_p99)} s, ITL p99 "
-                      f"{_fig(off.itl_p99)} s ({'meets' if slo.meets(off) else 'misses'} the "
-                      f"SLOs)")
-        recs.append({"rank": i, **row_json(r, setting, trace), "load": loads,
-                     "cache_off": None if off is None else outcome_json(off, slo),
-                     "launch": launch_lines(r.candidate, setting)})
+    recs = recommendations(con, best, extra, slo, setting, trace)
     if best:
         con.print("run the chosen one:")
         for line in launch_lines(best[0].candidate, setting):

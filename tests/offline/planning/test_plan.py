@@ -380,7 +380,7 @@ def test_launch_lines_name_the_deployment():
                              "--tp 1 --cache radix --page-size 16 --schedule-policy fcfs "
                              "--max-total-tokens ")
     assert agg[0].endswith("--radix-eviction-policy lru --replicas 3 --router radixkv")
-    assert "vllm serve meta-llama/Meta-Llama-3.1-8B --tensor-parallel-size 1 --block-size 16 " \
+    assert "vllm serve meta-llama/Meta-Llama-3-8B --tensor-parallel-size 1 --block-size 16 " \
            "--enable-prefix-caching" in agg
     dis = launch_lines(Candidate(fam("disaggregated"), prefill=2, decode=1), SETTING)
     assert dis[0] == "# 2 prefill and 1 decode workers, each:"
