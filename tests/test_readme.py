@@ -83,7 +83,7 @@ def test_the_sweep_runs_as_written(tmp_path):
 @pytest.fixture
 def python_example() -> str:
     blocks = re.findall(r"```python\n(.*?)```", PYTHON_DOC.read_text(), re.S)
-    assert len(blocks) == 2, "docs/python.md: the worked example and the API tour"
+    assert len(blocks) == 3, "docs/python.md: the worked example, the API tour, the abilities"
     return blocks[0]
 
 
@@ -92,7 +92,7 @@ def test_the_worked_example_stores_4343_and_matches_2055(python_example, capsys)
     out = capsys.readouterr().out.splitlines()
     assert out[:4] == ["matched 0", "matched 2,055", "matched 512", "stored 4,343"]
     evicted, stored = (int(x.replace(",", "")) for x in re.findall(r"[\d,]+", out[4]))
-    assert evicted >= 300 and stored == 4343 - evicted
+    assert (evicted, stored) == (300, 4343 - 300)     # page granularity: exactly what is asked
 
 
 def test_the_api_tour_runs(capsys):
@@ -101,3 +101,11 @@ def test_the_api_tour_runs(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("radix p16 lru ") and out[0].split()[3].endswith("%")
     assert len(out) == 2 and 0 < float(out[1].split()[0]) <= 1
+
+
+def test_the_abilities_example_prints_what_the_doc_shows(capsys):
+    doc = PYTHON_DOC.read_text()
+    code = re.findall(r"```python\n(.*?)```", doc, re.S)[2]
+    shown = re.findall(r"It prints:\n\n```\n(.*?)```", doc, re.S)[0]
+    exec(compile(code, str(PYTHON_DOC), "exec"), {"__name__": "python_doc"})
+    assert capsys.readouterr().out == shown

@@ -11,7 +11,7 @@ from radixkv.cache.key import RadixKey
 from radixkv.cache.policies import EVICTION_POLICIES
 from radixkv.cache.pool import OutOfSlotsError, SlotPool
 
-_LAZY = {"RadixCache": "radix", "TreeNode": "radix_node", "NoCache": "nocache",
+_LAZY = {"RadixCache": "radix", "TreeNode": "radix", "NoCache": "nocache",
          "BlockHashCache": "blockhash", "CACHES": "factory", "make_cache": "factory",
          "CacheManager": "manager"}
 

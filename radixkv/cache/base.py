@@ -9,32 +9,42 @@ from the token count, a negative eviction size, unlocking an unlocked or foreign
 ValueError/TypeError naming the value before any state changes — a failed call leaves the
 cache exactly as it was. Implementations receive validated arguments only.
 
-A *handle* is what a match or an insert returns as `last_node`: the cache entry ending it (a
-tree node, a chain of blocks, None). Lock a handle to keep its prefix from eviction.
+A *handle* (the type parameter H) is what a match or an insert returns as `last_node`: the
+cache entry ending it (RadixCache: a TreeNode; BlockHashCache: a Chain of blocks; NoCache:
+None). Lock a handle to keep its prefix from eviction.
+
+The contract is the operations below and `label`; what only some caches can do sits behind an
+accessor returning None when the cache lacks it (cache/abilities.py): `events`, `pins`,
+`tree`, `guard`, `admission`, `host_tier`.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Hashable, Iterable, NamedTuple, TypeVar
 
 import numpy as np
 
-from radixkv.cache.events import EventRun, KVEvent
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS, as_slots
 from radixkv.argcheck import an_int, count, positive_int
 
+if TYPE_CHECKING:
+    from radixkv.cache.abilities import (Admission, EventLog, EvictionGuard, HostStore, Pins,
+                                         TreeView)
 
-class MatchResult(NamedTuple):
+H = TypeVar("H")     # a variant's handle type
+
+
+class MatchResult(NamedTuple, Generic[H]):
     prefix_len: int          # tokens of the key whose KV is cached (page aligned)
     slots: np.ndarray        # their KV slots, shape [prefix_len]
-    last_node: Any           # the handle ending the match: lock it to protect the prefix
+    last_node: H             # the handle ending the match: lock it to protect the prefix
 
 
-class InsertResult(NamedTuple):
+class InsertResult(NamedTuple, Generic[H]):
     prefix_len: int          # tokens that were already cached: the caller's slots there are duplicates
-    last_node: Any           # the handle ending the inserted (page-aligned) key
+    last_node: H             # the handle ending the inserted (page-aligned) key
 
 
 @dataclass(eq=False)
@@ -63,50 +73,36 @@ def as_key(key) -> RadixKey:
     return key if isinstance(key, RadixKey) else RadixKey(key)
 
 
-class HostStore(Protocol):
-    """What a device cache asks of the host-memory tier below it (cache/host_tier.py): the tree
-    hands every range it evicts to `demote` before the slots go back, and resets, reports and
-    checks the tier with itself. The tier builds on the tree, never the other way round."""
 
-    def demote(self, key: RadixKey, device_slots: np.ndarray) -> int: ...
-    def reset(self) -> None: ...
-    def stats(self) -> dict[str, int]: ...
-    def check_invariants(self) -> None: ...
-
-
-class PrefixCache(ABC):
+class PrefixCache(ABC, Generic[H]):
     """A prefix cache over KV slots. Sizes are in tokens."""
 
     name: str = ""               # registry name: radix | blockhash | none
     shares_prefixes = True       # False: nothing is ever stored (the no-cache control)
-    enable_events = False        # True: KV events are recorded (take_events, page_hashes)
 
     def __init__(self, page_size: int = 1, what: str = "page_size"):
         self.page_size = positive_int(page_size, what)
 
     # ---- the operations: checked here, implemented by the variant ---------------------------
-    @abstractmethod
-    def reset(self) -> None:
-        """Drop everything (mutates). Slots held are not returned: reset the pool too."""
-
-    def match_prefix(self, key, split: bool = True) -> MatchResult:
+    def match_prefix(self, key, split: bool = True) -> MatchResult[H]:
         """Longest cached, page-aligned prefix of `key`.
 
         split=True may mutate: it refreshes access bookkeeping along the matched path and, in a
         tree, splits an edge where the key diverges mid-edge so `last_node` ends exactly at
         `prefix_len`. split=False mutates nothing at all (a pure read, safe for routers and
         for schedulers that only ask); its `last_node` may end before `prefix_len`, so lock
-        only what a splitting match returned.
+        only what a splitting match returned. Raises TypeError/ValueError for a bad key.
         """
         return self._match(as_key(key), bool(split))
 
-    def insert(self, key, slots, priority: int = 0, tag: Hashable = None) -> InsertResult:
+    def insert(self, key, slots, priority: int = 0, tag: Hashable = None) -> InsertResult[H]:
         """Store `key` (its whole pages; a partial last page is not stored) with `slots`
         (len(slots) == len(key)). Mutates. Returns how much was already cached: the caller's
         slots in [already-owned prefix, prefix_len) are duplicates the caller must free; the
         cache owns the slots of the newly stored range from now on. `tag` is the inserting
         request's signature, which a learning eviction order (`reuse`) predicts reuse from;
-        other orders ignore it."""
+        other orders ignore it. Raises ValueError, changing nothing, for a slot count that
+        differs from the token count, a negative slot or an unhashable tag."""
         key, slots = as_key(key), as_slots(slots)
         if len(slots) != len(key):
             raise ValueError(f"insert got {len(slots)} slots for {len(key)} tokens")
@@ -120,194 +116,151 @@ class PrefixCache(ABC):
 
     def evict(self, num_tokens: int) -> np.ndarray:
         """Drop at least `num_tokens` unlocked tokens when possible (fewer if not enough are
-        evictable), in the cache's eviction order. Mutates; returns the freed slots."""
+        evictable), in the cache's eviction order. Mutates; returns the freed slots, which
+        the caller must hand back to its SlotPool (the cache never frees). Raises ValueError
+        for a negative count."""
         return self._evict(count(num_tokens, "evict"))
 
-    def inc_lock_ref(self, node: Any) -> None:
-        """Protect `node` and everything it depends on from eviction (mutates sizes)."""
+    def inc_lock_ref(self, node: H) -> None:
+        """Protect `node` and everything it depends on from eviction (mutates the sizes).
+        Raises TypeError/ValueError, changing nothing, for a foreign or evicted handle."""
         self._check_handle(node)
         self._inc_lock(node)
 
-    def dec_lock_ref(self, node: Any) -> None:
-        """Undo one inc_lock_ref. Raises, changing nothing, if `node` is not locked."""
+    def dec_lock_ref(self, node: H) -> None:
+        """Undo one inc_lock_ref (mutates). Raises, changing nothing, if `node` is not locked."""
         self.check_lock(node)
         self._dec_lock(node)
 
-    def check_lock(self, node: Any) -> None:
+    def check_lock(self, node: H) -> None:
         """Raise exactly when dec_lock_ref(node) would (foreign, evicted or unlocked handle);
         a pure read."""
         self._check_handle(node)
         self._check_locked(node)
 
-    # ---- sizes and inspection ---------------------------------------------------------------
+    # ---- sizes ------------------------------------------------------------------------------
     @abstractmethod
     def evictable_size(self) -> int:
-        """Tokens that evict() could free now."""
+        """Tokens that evict() could free now (a pure read)."""
 
     @abstractmethod
     def protected_size(self) -> int:
-        """Tokens held but locked by running requests."""
+        """Tokens held but locked (a pure read)."""
 
     def total_size(self) -> int:
+        """Tokens held (a pure read)."""
         return self.evictable_size() + self.protected_size()
 
-    def locks_held(self) -> int:
-        """Lock units outstanding (a pure read): with `lock_units`, a manager checks that every
-        lock belongs to a request it holds — a leaked lock would pin its prefix forever."""
-        return 0
+    @abstractmethod
+    def held_slots(self) -> Iterable[np.ndarray]:
+        """Every slot the cache holds, for the pool's conservation check (a pure read)."""
 
-    def lock_units(self, node: Any) -> int:
-        """What one inc_lock_ref(node) adds to locks_held()."""
-        return 0
-
+    @abstractmethod
     def num_entries(self) -> int:
-        """Entries held (tree nodes, blocks): the footprint a replay reports at its peak."""
-        return 0
+        """Entries held (tree nodes, blocks; 0 for no cache): the footprint a replay reports
+        at its peak (a pure read)."""
+
+    # ---- whole-cache operations -------------------------------------------------------------
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop everything (mutates). Slots held are not returned: reset the pool too."""
+
+    def check_invariants(self, lock_holders: Iterable[H] | None = None) -> None:
+        """Assert every structural invariant (a pure read; AssertionError with a precise
+        message). With `lock_holders`, the handles of every lock taken on the cache's behalf
+        by its callers (one per lock), also that the cache holds exactly those locks: a leaked
+        lock would pin its prefix forever."""
+        self._check_structure()
+        if lock_holders is not None:
+            holders = list(lock_holders)
+            held, owned = self._locks_held(), sum(map(self._lock_units, holders))
+            if held != owned:
+                raise AssertionError(f"the cache holds {held} lock units but its "
+                                     f"{len(holders)} requests hold {owned}: a lock was "
+                                     f"leaked or lost")
 
     def stats(self) -> dict[str, int]:
-        """Variant-specific counters for reports (e.g. orphan and duplicate blocks); a pure read."""
-        return {}
+        """Counters for reports (a pure read): `entries` (tree nodes, blocks) and the
+        variant's own (pins, orphan and duplicate blocks, the host tier's)."""
+        return {"entries": self.num_entries()}
 
     @classmethod
     def describe(cls, page_size: int, eviction: str, hash_algo: str,
-                 evict_granularity: str = "node") -> str:
+                 evict_granularity: str = "page") -> str:
         """Name plus the options that matter to this variant: "radix p1 lru", "radix p1 lru
-        node-evict", "blockhash b16 sha256", "none" (CacheConfig.label uses it before any cache
-        is built)."""
+        node-evict", "blockhash b16 sha256", "none" (CacheConfig.label uses it before any
+        cache is built)."""
         return cls.name if page_size == 1 else f"{cls.name} p{page_size}"
 
     @property
     def label(self) -> str:
         return self.describe(self.page_size, "lru", "sha256")
 
-    @abstractmethod
-    def held_slots(self) -> Iterable[np.ndarray]:
-        """Every slot the cache holds (for the pool's conservation check)."""
+    # ---- optional abilities: None where the cache lacks them (cache/abilities.py) -----------
+    def events(self) -> EventLog | None:
+        """The KV events this cache records; None unless it was built with events on."""
+        return None
 
-    @abstractmethod
-    def check_invariants(self) -> None:
-        """Assert every structural invariant; raises AssertionError with a precise message."""
+    def pins(self) -> Pins | None:
+        """Its pinned prefixes and the clock they expire by; None: it cannot pin."""
+        return None
 
-    def take_events(self) -> list[KVEvent]:
-        """KV events since the last call (empty unless the cache was built with events on)."""
-        return []
+    def tree(self) -> TreeView[H] | None:
+        """Its prefix tree, read only; None: it has no tree to walk."""
+        return None
 
-    def take_event_runs(self) -> list[KVEvent | EventRun]:
-        """take_events(), as the cache records them: an EventRun per run of pages where the
-        cache keeps runs (RadixCache: per node; BlockHashCache: per run of new blocks and per
-        eviction), else its KVEvents. For a consumer that can take runs whole
-        (KVIndex.apply_kv); events.run_pages gives the KVEvents."""
-        return self.take_events()
+    def guard(self) -> EvictionGuard[H] | None:
+        """Queue-aware eviction; None: it has no eviction order to guard."""
+        return None
 
-    def page_hashes(self) -> set[int]:
-        """The chained hashes of every page the cache holds now: what a subscriber applying
-        this cache's events holds (a pure read). Raises ValueError unless events are on."""
-        if not self.enable_events:
-            raise ValueError(f"{self.label}: page_hashes needs a cache built with enable_events=True")
-        return self._page_hashes()
-
-    # ---- operator controls (a cache without them: no-ops, or a ValueError naming it) --------
-    def advance(self, now: float) -> None:
-        """The caller's time in seconds (the engine's clock): pins whose deadline has passed
-        are dropped, and the retention order dates priorities by it. Never goes back."""
-
-    def pin(self, key, ttl: float) -> int:
-        """Keep the cached prefix of `key` from eviction for `ttl` seconds of `advance` time
-        (again: a later deadline). Returns the pinned length. Raises ValueError, changing
-        nothing, when no page of `key` is cached, ttl is not positive, or the pinned size would
-        pass the pin budget."""
-        return self._pin(as_key(key), ttl)
-
-    def unpin(self, key) -> int:
-        """Drop `key`'s pin now (its prefix returns to the eviction order); returns its
-        length. Raises ValueError, changing nothing, when `key` is not pinned."""
-        return self._unpin(as_key(key))
-
-    def _pin(self, key: RadixKey, ttl: float) -> int:
-        raise ValueError(f"the {self.label} cache cannot pin prefixes")
-
-    def _unpin(self, key: RadixKey) -> int:
-        raise ValueError(f"the {self.label} cache cannot pin prefixes")
-
-    def pinned_size(self) -> int:
-        """Tokens held by pins (the union of pinned prefixes)."""
-        return 0
-
-    def default_pin_budget(self, tokens: int) -> None:
-        """The pin budget, unless one was configured (the manager passes a share of its pool)."""
-
-    def set_eviction_guard(self, keep: Callable[[Any], int | None] | None) -> None:
-        """Entries `keep` returns a rank for (not None) are evicted only when nothing else is
-        evictable, the highest rank first (the queue position of their first waiting user);
-        None: no guard. Caches without an eviction order ignore it."""
-
-    def hit_handles(self, key: RadixKey, node: Any, prefix_len: int) -> list:
-        """The evictable entries a splitting match of `key` would hit at its end, given its
-        pure read (`node`, `prefix_len`): what a guard must keep for that request."""
-        return []
+    def admission(self) -> Admission[H] | None:
+        """Pure reads for admission (memo stamps, lock cost); None: ask the cache again every
+        time and count the whole prefix as the lock's cost (which never understates)."""
+        return None
 
     def host_tier(self) -> HostStore | None:
         """The host-memory tier below this cache (cache/host_tier.py), or None."""
         return None
 
-    # ---- capabilities the scheduler asks about (instead of testing types) -------------------
-    def match_stamp(self, node: Any) -> Any:
-        """An opaque stamp taken with a pure-read match ending at `node`."""
-        return None
-
-    def match_valid(self, node: Any, stamp: Any) -> bool:
-        """True when a pure-read match that ended at `node` with `stamp` would still return the
-        same answer, so a memo may reuse it. The default never reuses: ask again."""
-        return False
-
-    def lock_cost(self, key: RadixKey, node: Any, prefix_len: int) -> int:
-        """Tokens that locking a splitting match of `key` would move from evictable to
-        protected, given its pure read (`node`, `prefix_len`); a pure read. The default, the
-        whole prefix, never understates."""
-        return prefix_len
-
-    def tree_root(self) -> Any:
-        """The root of the cache's prefix tree, or None when it has no tree to walk."""
-        return None
-
-    def tree_children(self, node: Any) -> list:
-        """A tree node's children in creation order (trees only)."""
-        return []
-
-    def tree_parent(self, node: Any) -> Any:
-        """A tree node's parent; None for the root (trees only)."""
-        return None
-
     # ---- what a variant implements (arguments already checked) ------------------------------
     @abstractmethod
-    def _match(self, key: RadixKey, split: bool) -> MatchResult: ...
+    def _match(self, key: RadixKey, split: bool) -> MatchResult[H]: ...
 
     @abstractmethod
     def _insert(self, key: RadixKey, slots: np.ndarray, priority: int, tag: Hashable
-                ) -> InsertResult: ...
+                ) -> InsertResult[H]: ...
 
     @abstractmethod
     def _evict(self, num_tokens: int) -> np.ndarray: ...
-
-    def _page_hashes(self) -> set[int]:
-        return set()
 
     @abstractmethod
     def _check_handle(self, node: Any) -> None:
         """Raise TypeError/ValueError unless `node` is a live handle of this cache."""
 
     @abstractmethod
-    def _check_locked(self, node: Any) -> None:
+    def _check_locked(self, node: H) -> None:
         """Raise ValueError unless a live handle holds a lock of its own that can be undone."""
 
     @abstractmethod
-    def _inc_lock(self, node: Any) -> None: ...
+    def _inc_lock(self, node: H) -> None: ...
 
     @abstractmethod
-    def _dec_lock(self, node: Any) -> None: ...
+    def _dec_lock(self, node: H) -> None: ...
 
-    def _relock(self, old: Any, new: Any) -> None:
+    def _relock(self, old: H, new: H) -> None:
         """Move one lock from `old` to `new`, both checked: lock `new`, then unlock `old`, so
         what they share never becomes evictable in between."""
         self._inc_lock(new)
         self._dec_lock(old)
+
+    @abstractmethod
+    def _check_structure(self) -> None:
+        """check_invariants without the lock holders."""
+
+    @abstractmethod
+    def _locks_held(self) -> int:
+        """Lock units outstanding that callers took (not the cache's own, such as pins')."""
+
+    @abstractmethod
+    def _lock_units(self, node: H) -> int:
+        """What one inc_lock_ref(node) adds to _locks_held()."""

@@ -9,12 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import lru_cache
-from itertools import repeat
 from typing import Iterable, Literal, NamedTuple
 
 import xxhash
 
-from radixkv.cache.key import TOKEN_BYTES, token_struct
+from radixkv.cache.key import TOKEN_BYTES, RadixKey, token_struct
 from radixkv.cache.sim_hash import SIM_HASH, sim64_chain
 from radixkv.argcheck import choice
 
@@ -63,17 +62,17 @@ def chain_hashes(parent: int | None, namespace: tuple, pages: list[bytes], algo:
     if not memo:
         return _chain_plain(lead, zero if parent is None else parent.to_bytes(8, "little"),
                             ns, pages, sha, out)
-    memo = _MEMO
+    table = _MEMO
     for page in pages:
         k = (parent, namespace, page, algo)
-        h = memo.get(k)
+        h = table.get(k)
         if h is None:
             payload = lead + (zero if parent is None else parent.to_bytes(8, "little")) + ns + page
             h = (int.from_bytes(hashlib.sha256(payload).digest()[:8], "little") if sha
                  else xxhash.xxh3_64_intdigest(payload))
-            if len(memo) >= _MEMO_MAX:
-                memo.clear()
-            memo[k] = h
+            if len(table) >= _MEMO_MAX:
+                table.clear()
+            table[k] = h
         out.append(h)
         parent = h
     return out
@@ -89,7 +88,7 @@ def _chain_plain(lead: bytes, parent: bytes, ns: bytes, pages: list[bytes], sha:
         for page in pages:
             parent = sha256(lead + parent + ns + page).digest()[:8]
             digests.append(parent)
-        out += map(int.from_bytes, digests, repeat("little"))
+        out += [int.from_bytes(d, "little") for d in digests]
         return out
     for page in pages:
         h = xxhash.xxh3_64_intdigest(lead + parent + ns + page)
@@ -107,6 +106,12 @@ def chain_run(parent: int | None, namespace: tuple, buf: bytes, page_size: int,
     pb = TOKEN_BYTES * page_size
     return chain_hashes(parent, namespace, [buf[i:i + pb] for i in range(0, len(buf) - pb + 1, pb)],
                         algo, first)
+
+
+def key_chain(key: RadixKey, inner: tuple, page_size: int, algo: str) -> list[int]:
+    """The chained hash of every whole page of `key`, in one call: its namespace salts the
+    first page, `inner` the rest."""
+    return chain_run(None, inner, key.buf, page_size, algo, first=key.namespace)
 
 
 def _memo(parent: int | None, namespace: tuple, page: bytes, algo: str) -> int:
@@ -161,6 +166,14 @@ class EventRun(NamedTuple):
     tokens: bytes = b""                  # "stored": the pages' token ids, packed (key.py)
     namespace: tuple = (None, None)
 
+    def num_tokens(self) -> int:
+        """Tokens the run carries ("stored": its pages' token ids; otherwise 0)."""
+        return len(self.tokens) // TOKEN_BYTES
+
+    def whole_pages(self, page_size: int) -> bool:
+        """Its tokens are exactly one page of `page_size` per hash."""
+        return len(self.tokens) == TOKEN_BYTES * page_size * len(self.hashes)
+
     def pages(self) -> list[KVEvent]:
         if self.kind == "removed":
             return removed_events(self.hashes, self.namespace)
@@ -179,7 +192,7 @@ def run_pages(records: Iterable[KVEvent | EventRun]) -> list[KVEvent]:
     """KVEvents, with each EventRun among them expanded into its pages."""
     out: list[KVEvent] = []
     for r in records:
-        if type(r) is EventRun:
+        if isinstance(r, EventRun):
             out += r.pages()
         else:
             out.append(r)

@@ -16,7 +16,7 @@ later load or forward writes it.
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -92,6 +92,13 @@ class HostTier:
         refreshes the host tree's recency."""
         m = self.tree.match_prefix(key, split=True)
         return m.prefix_len, m.slots, m.last_node
+
+    def hold(self, handle: Any) -> None:
+        """Keep a looked-up host prefix while the device makes room for it (demotions evict)."""
+        self.tree.inc_lock_ref(handle)
+
+    def release(self, handle: Any) -> None:
+        self.tree.dec_lock_ref(handle)
 
     def load(self, device_slots: np.ndarray, host_slots: np.ndarray) -> None:
         self._copies.append(Copy("load", np.asarray(device_slots).copy(),

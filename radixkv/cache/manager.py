@@ -51,7 +51,9 @@ class CacheManager:
         # re-admitted after a retraction (weak: a finished request is not kept alive)
         self._pinned: weakref.WeakSet = weakref.WeakSet()
         self.host = cache.host_tier()
-        cache.default_pin_budget(pool.num_slots // PIN_SHARE)
+        self._pins, self._guard, self._adm = cache.pins(), cache.guard(), cache.admission()
+        if self._pins is not None and self._pins.budget is None:
+            self._pins.budget = pool.num_slots // PIN_SHARE
 
     # ---- reads: never change the cache --------------------------------------------------------
     def budget(self) -> int:
@@ -63,14 +65,18 @@ class CacheManager:
 
     def cached_prefix(self, owner: Hashable, key: RadixKey) -> tuple[int, Any]:
         """(prefix_len, last_node) of `key`'s pure-read match, memoised per owner: reused while
-        the cache says the match is still valid, so queue orders can ask every round."""
+        the cache says the match is still valid, so queue orders can ask every round (a cache
+        without admission reads is asked every time)."""
+        adm = self._adm
+        if adm is None:
+            m = self.cache.match_prefix(key, split=False)
+            return m.prefix_len, m.last_node
         e = self._memo.get(id(owner))
         if e is not None and e[0] is owner and (e[1] is key or e[1] == key) \
-                and self.cache.match_valid(e[3], e[4]):
+                and adm.still_valid(e[3], e[4]):
             return e[2], e[3]
         m = self.cache.match_prefix(key, split=False)
-        self._memo[id(owner)] = (owner, key, m.prefix_len, m.last_node,
-                                 self.cache.match_stamp(m.last_node))
+        self._memo[id(owner)] = (owner, key, m.prefix_len, m.last_node, adm.stamp(m.last_node))
         return m.prefix_len, m.last_node
 
     def forget(self, owner: Hashable) -> None:
@@ -79,19 +85,24 @@ class CacheManager:
     # ---- operator controls ----------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """The engine's time: pins past their deadline return to the eviction order."""
-        self.cache.advance(now)
+        if self._pins is not None:
+            self._pins.advance(now)
 
     def guard(self, waiting: Iterable[tuple[Hashable, RadixKey]]) -> int:
         """Queue-aware eviction: the entries these (owner, match key) pairs would hit, in queue
         order, are evicted only when nothing else is evictable, until the next call; then the
-        entry whose first user is furthest back goes first. Returns how many are kept."""
+        entry whose first user is furthest back goes first. Returns how many are kept (0 for a
+        cache with no eviction order to guard)."""
+        g = self._guard
+        if g is None:
+            return 0
         kept: dict[int, tuple[int, Any]] = {}
         for rank, (owner, key) in enumerate(waiting):
             p, node = self.cached_prefix(owner, key)
-            for h in self.cache.hit_handles(key, node, p):
+            for h in g.hit_handles(key, node, p):
                 kept.setdefault(id(h), (rank, h))
         self._kept = kept
-        self.cache.set_eviction_guard(self._kept_rank if kept else None)
+        g.set(self._kept_rank if kept else None)
         return len(kept)
 
     def _kept_rank(self, handle: Any) -> int | None:
@@ -133,7 +144,8 @@ class CacheManager:
             # out of the evictable budget, so a refusal touches nothing (no split, no hit
             # counted, no access refreshed)
             p, node = self.cached_prefix(req, key)
-            cost = self.cache.lock_cost(key, node, p)
+            # without admission reads, the whole hit counts (never understated)
+            cost = p if self._adm is None else self._adm.lock_cost(key, node, p)
             if round_up(upto, ps) - p + reserve > self.budget() - cost:
                 return None
         m = self.cache.match_prefix(key, split=True)        # the one splitting match
@@ -161,13 +173,15 @@ class CacheManager:
         cap = (upto - 1) - (upto - 1) % ps
         if cap <= p:
             return p, m.slots, m.last_node
-        h, host_slots, hnode = self.host.lookup(key[:cap])
+        host = self.host
+        assert host is not None, "a host load needs a host tier"
+        h, host_slots, hnode = host.lookup(key[:cap])
         if h <= p:
             return p, m.slots, m.last_node
-        self.host.tree.inc_lock_ref(hnode)           # demotions while making room keep it
+        host.hold(hnode)                             # demotions while making room keep it
         dev = self.alloc(h - p)
-        self.host.tree.dec_lock_ref(hnode)
-        self.host.load(dev, host_slots[p:h])
+        host.release(hnode)
+        host.load(dev, host_slots[p:h])
         slots = np.concatenate([m.slots, dev])
         res = self.cache.insert(key[:h], slots, priority=req.priority)
         self.cache.inc_lock_ref(res.last_node)
@@ -210,10 +224,10 @@ class CacheManager:
         res = self.cache.insert(req.key[:A], slots[:A], priority=req.priority,
                                 tag=req.reuse_tag)
         P = res.prefix_len
-        if req.pin_ttl > 0 and req not in self._pinned and A:
+        if req.pin_ttl > 0 and req not in self._pinned and A and self._pins is not None:
             self._pinned.add(req)
             try:
-                self.cache.pin(req.key[:A], req.pin_ttl)
+                self._pins.pin(req.key[:A], req.pin_ttl)
             except ValueError:                       # over the budget: counted, not fatal
                 pass
         # req.last_node was checked above and nothing since can unlock or evict it: the
@@ -277,14 +291,9 @@ class CacheManager:
     def check(self) -> None:
         """Cache invariants, slot conservation over the cache and every holder, and every lock
         the cache holds belonging to a holder."""
-        self.cache.check_invariants()
+        self.cache.check_invariants(r.last_node for r in self._holders.values())
         self.pool.check_conservation(list(self.cache.held_slots())
                                      + [r.slots[r.cached_len:] for r in self._holders.values()])
-        held = self.cache.locks_held()
-        owned = sum(self.cache.lock_units(r.last_node) for r in self._holders.values())
-        if held != owned:
-            raise AssertionError(f"the cache holds {held} lock units but its {len(self._holders)} "
-                                 f"requests hold {owned}: a lock was leaked or lost")
 
     def reset(self) -> None:
         """Empty the cache and the pool; no request may hold slots."""
@@ -294,4 +303,5 @@ class CacheManager:
         self.pool.reset()
         self._memo.clear()
         self._kept = {}                              # the guard named the old tree's nodes
-        self.cache.set_eviction_guard(None)
+        if self._guard is not None:
+            self._guard.set(None)

@@ -10,7 +10,7 @@ from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS
 
 
-class NoCache(PrefixCache):
+class NoCache(PrefixCache[None]):
     name = "none"
     shares_prefixes = False          # the CacheManager keeps every slot with its request
 
@@ -44,9 +44,6 @@ class NoCache(PrefixCache):
     def _dec_lock(self, node) -> None:
         return None
 
-    def lock_cost(self, key: RadixKey, node, prefix_len: int) -> int:
-        return 0
-
     def evictable_size(self) -> int:
         return 0
 
@@ -56,8 +53,14 @@ class NoCache(PrefixCache):
     def held_slots(self) -> Iterable[np.ndarray]:
         return []
 
-    def page_hashes(self) -> set[int]:
-        return set()                 # holds no page, and records no event to check against
+    def _check_structure(self) -> None:
+        return None                  # nothing is held: nothing can be inconsistent
 
-    def check_invariants(self) -> None:
-        return None
+    def _locks_held(self) -> int:
+        return 0
+
+    def _lock_units(self, node) -> int:
+        return 0
+
+    def num_entries(self) -> int:
+        return 0

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from radixkv.registry import Registry
 
 SortKey = Callable[[Any], tuple]
-EVICTION_POLICIES: Registry[Callable[..., tuple]] = Registry("eviction policy")
+EVICTION_POLICIES: Registry[Callable[..., Any]] = Registry("eviction policy")   # an order or its class
 
 
 @EVICTION_POLICIES.register("lru")

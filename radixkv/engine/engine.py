@@ -154,7 +154,7 @@ class Engine:
         for i, r in enumerate(reqs):
             wake.setdefault(max(r.num_slots - done[i], 0), []).append(i)
         due = self._arrivals[0][0] if self._arrivals else math.inf
-        quiet_evict = evict_events or not self.cache.enable_events   # heard later, or never
+        quiet_evict = evict_events or self.cache.events() is None   # heard later, or never
         now, used, times, kv, k = self.now, pool.used(), [], [], 0
         while k < left and due > now:
             dt = price(b, ctx_sum, ctx_max)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain, islice
 
-from radixkv.cache.events import chain_hashes, chain_run, check_hash_algo
+from radixkv.cache.events import chain_hashes, check_hash_algo, key_chain
 from radixkv.cache.key import RadixKey
 from radixkv.cache.sim_hash import SIM_HASH
 from radixkv.argcheck import positive_int
@@ -68,7 +68,7 @@ class PageHashes(Sequence[int]):
         """Hash the next span (or, at the end, the pages left)."""
         key, ps, algo, out = self.key, self._ps, self._algo, self._out
         if algo == SIM_HASH:                  # a whole prompt in one vectorised run
-            out[:] = chain_run(None, self._inner, key.buf, ps, algo, first=key.namespace)
+            out[:] = key_chain(key, self._inner, ps, algo)
             return
         i = len(out)
         parent = out[-1] if i else None

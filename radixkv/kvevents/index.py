@@ -22,7 +22,6 @@ from operator import is_not, itemgetter, not_
 import zmq
 
 from radixkv.cache.events import EventRun, KVEvent
-from radixkv.cache.key import TOKEN_BYTES
 from radixkv.kvevents.wire import (END_SEQ, AllBlocksCleared, BlockRemoved, BlockStored, EventBatch,
                                    decode_batch)
 from radixkv.argcheck import int_at_least
@@ -54,9 +53,9 @@ def _check_runs(runs: Sequence[EventRun], page_size: int) -> None:
             raise ValueError(f"a batch of EventRuns holds {type(r).__name__} {r!r}: give one "
                              f"kind or the other")
         if r.kind == "stored":
-            if len(r.tokens) != TOKEN_BYTES * page_size * len(r.hashes):
+            if not r.whole_pages(page_size):
                 raise ValueError(f"stored run of {len(r.hashes)} pages has "
-                                 f"{len(r.tokens) // TOKEN_BYTES} tokens, not block_size "
+                                 f"{r.num_tokens()} tokens, not block_size "
                                  f"{page_size} a page")
         elif r.kind not in ("removed", "cleared"):
             raise ValueError(f"unknown KV event kind {r.kind!r}; valid: stored, removed, cleared")
@@ -114,8 +113,8 @@ class KVIndex:
                  page_size: int) -> bool:
         """apply(seq, the wire batch of a cache's KV events) without building it: to_wire only
         merges chained pages into runs, which changes no page held, parent or count. The events
-        are KVEvents, or EventRuns as a radix cache records them (take_event_runs). Bad events
-        raise as to_wire does, before anything changes."""
+        are KVEvents, or EventRuns as a cache's EventLog records them (events().take_runs()).
+        Bad events raise as to_wire does, before anything changes."""
         seq = int_at_least(seq, "seq")
         runs = bool(events) and type(events[0]) is EventRun
         if runs:

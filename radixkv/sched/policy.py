@@ -88,10 +88,10 @@ def dfs_weight(waiting, ctx):
     there) first, so requests sharing a prefix are admitted together. As in SGLang the walk is
     post-order: a node's own requests come after its subtree's (deeper matches first), so
     requests that match nothing (at the root) come last. A cache without a tree: fcfs."""
-    cache = ctx.mgr.cache
-    root = cache.tree_root()
-    if root is None:
+    tree = ctx.mgr.cache.tree()
+    if tree is None:
         return fcfs(waiting, ctx)
+    root = tree.root()
     at: dict[int, list[Request]] = {}
     weight: dict[int, int] = {}
     for r in waiting:
@@ -99,7 +99,7 @@ def dfs_weight(waiting, ctx):
         at.setdefault(id(node), []).append(r)
         while node is not None:
             weight[id(node)] = weight.get(id(node), 0) + 1
-            node = cache.tree_parent(node)
+            node = tree.parent(node)
     out: list[Request] = []
     stack: list[tuple[Any, bool]] = [(root, False)]
     while stack:
@@ -108,7 +108,7 @@ def dfs_weight(waiting, ctx):
             out.extend(at.get(id(node), ()))
             continue
         stack.append((node, True))
-        kids = [c for c in cache.tree_children(node) if id(c) in weight]    # creation order
+        kids = [c for c in tree.children(node) if id(c) in weight]    # creation order
         kids.reverse()                            # newest first, then a stable sort by weight:
         kids.sort(key=lambda c: weight[id(c)])    # heaviest popped first, the oldest among equals
         stack.extend((c, False) for c in kids)

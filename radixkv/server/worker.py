@@ -239,8 +239,9 @@ class EngineWorker:
             m.gauges(sch.num_admitted, len(sch.waiting), in_use / max(pool.num_slots, 1))
 
     def _publish(self) -> None:
-        if self.publisher is not None:
-            events = self.engine.cache.take_events()
+        log = self.engine.cache.events() if self.publisher is not None else None
+        if log is not None:
+            events = log.take()
             if events:
                 self.publisher.publish(events)
 

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from radixkv.cache.radix import RadixCache
-from radixkv.cache.radix_node import TreeNode, path_key
+from radixkv.cache.radix.node import TreeNode, path_key
 
 
 class FutureOracle:

@@ -32,9 +32,9 @@ def node_snapshot(n) -> tuple:
 def tree_snapshot(tree) -> tuple:
     """Everything observable about a RadixCache: structure, bookkeeping, sizes, heap."""
     # heap entries end with (version, node); whatever precedes them is the sort key
-    heap = tuple(sorted((repr(e[:-2]), e[-2], e[-1].id) for e in tree._heap))
+    heap = tuple(sorted((repr(e[:-2]), e[-2], e[-1].id) for e in tree.evictor.heap))
     return (node_snapshot(tree.root), tree.total_size(), tree.evictable_size(),
-            tree.protected_size(), tree.num_nodes(), len(tree._heap), heap)
+            tree.protected_size(), tree.num_nodes(), len(tree.evictor.heap), heap)
 
 
 def shape(n) -> list:
@@ -64,7 +64,7 @@ def all_nodes(tree) -> list:
 def edge_prefixes(tree, step: int):
     """(namespace, token prefix, node, i) for every `step`-th token i of every edge: the prefix
     runs from the root through token i + step - 1 of `node`'s edge."""
-    from radixkv.cache.radix_node import path_key
+    from radixkv.cache.radix.node import path_key
     for n in all_nodes(tree):
         if n is tree.root:
             continue

@@ -13,13 +13,13 @@ from tests.cache._helpers import FakeClock, tree_snapshot
 @pytest.fixture
 def tree():
     """[1,2,3] -> {[4,5] locked, [6,7] unlocked}; [9,9] unlocked; ns ("x", None) [1,2]."""
-    t = RadixCache(clock=FakeClock(1), enable_events=True)
+    t = RadixCache(clock=FakeClock(1), enable_events=True, evict_granularity="node")
     t.insert([1, 2, 3, 4, 5], [0, 1, 2, 3, 4])
     t.insert([1, 2, 3, 6, 7], [0, 1, 2, 5, 6])
     t.insert([9, 9], [7, 8])
     t.insert(RadixKey([1, 2], extra_key="x"), [9, 10])
     t.inc_lock_ref(t.match_prefix([1, 2, 3, 4, 5]).last_node)
-    t.take_events()
+    t.events().take()
     t.check_invariants()
     assert (t.total_size(), t.evictable_size(), t.protected_size(), t.num_nodes()) == (11, 6, 5, 6)
     return t
@@ -38,7 +38,7 @@ def _unchanged(tree, fn, exc, match):
         fn()
     assert (tree.total_size(), tree.evictable_size(), tree.protected_size(), tree.num_nodes()) == sizes
     assert tree_snapshot(tree) == before
-    assert tree.take_events() == []
+    assert tree.events() is None or tree.events().take() == []
     tree.check_invariants()
 
 
@@ -159,7 +159,7 @@ def test_evicted_node(tree):
     assert tree.evict(1).tolist() == [5, 6]                    # lru, all at t=1: [6,7] is older
     assert tree.evict(1).tolist() == [7, 8]
     assert leaf.parent is None
-    assert [e.kind for e in tree.take_events()] == ["removed"] * 4     # [6,7] and [9,9]
+    assert [e.kind for e in tree.events().take()] == ["removed"] * 4     # [6,7] and [9,9]
     _unchanged(tree, lambda: tree.inc_lock_ref(leaf), ValueError, r"is not in this tree \(evicted or foreign\)")
     _unchanged(tree, lambda: tree.dec_lock_ref(leaf), ValueError, r"is not in this tree")
 

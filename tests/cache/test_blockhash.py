@@ -174,7 +174,7 @@ def test_no_orphans_under_normal_flow(seed):
         output = rng.integers(0, 3, rng.integers(0, 9)).tolist()
         serve(c, pool, prompt, output)
         seqs.append(prompt + output)
-        assert c.orphan_blocks() == 0
+        assert c.stats()["orphan_blocks"] == 0
         c.check_invariants()
         pool.check_conservation(c.held_slots())
     assert c.peak_blocks == 64 and c.duplicate_blocks > 0       # eviction and duplicates ran
@@ -189,12 +189,12 @@ def test_forward_order_free_creates_orphans():
         c.dec_lock_ref((b,))
     assert c.free_queue_ids() == [0, 1, 2]
     assert c.evict(1).tolist() == [0, 1, 2, 3]                # the root block goes first
-    assert c.orphan_blocks() == 1 and c.num_blocks() == 2     # block 1 lost its parent
+    assert c.stats()["orphan_blocks"] == 1 and c.num_blocks() == 2     # block 1 lost its parent
     assert c.lookup(key(P)).prefix_len == 0                   # cached but unreachable
     c.evict(1)
-    assert c.orphan_blocks() == 1 and ids(c.blocks.values()) == [2]
+    assert c.stats()["orphan_blocks"] == 1 and ids(c.blocks.values()) == [2]
     c.evict(1)
-    assert c.orphan_blocks() == 0 and c.num_blocks() == 0
+    assert c.stats()["orphan_blocks"] == 0 and c.num_blocks() == 0
     c.check_invariants()
 
 
@@ -297,7 +297,7 @@ from hypothesis import HealthCheck, settings                                    
 from hypothesis import strategies as st                                            # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
 
-from radixkv.cache.blockhash_handles import Chain                                  # noqa: E402
+from radixkv.cache.blockhash import Chain                                  # noqa: E402
 from radixkv.cache.events import KVEvent                                           # noqa: E402
 from radixkv.cache.key import RadixKey                                             # noqa: E402
 
@@ -415,7 +415,7 @@ class IndexMachine(RuleBasedStateMachine):
         m, ids = self.c.match_prefix(key, split=split), self.ref.match(key)
         assert m.prefix_len == len(ids) * self.bs and [b.id for b in m.last_node] == ids
         assert m.slots.tolist() == self._slots(ids, len(ids) * self.bs).tolist()
-        self.memo.append((key, m.prefix_len, ids, m.last_node, self.c.match_stamp(m.last_node)))
+        self.memo.append((key, m.prefix_len, ids, m.last_node, self.c.admission().stamp(m.last_node)))
         if lock and ids:
             self._lock(m.last_node, ids)
 
@@ -446,14 +446,14 @@ class IndexMachine(RuleBasedStateMachine):
         assert {h: list(v) for h, v in c.by_hash.items()} == ref.by_hash
         assert {b: (blk.hash, blk.parent_hash) for b, blk in c.blocks.items()} == \
             {b: (h, p) for b, (h, p, _) in ref.blocks.items()}
-        assert (c.orphan_blocks(), c.duplicate_blocks) == (ref.orphans(), ref.dups)
+        assert (c.stats()["orphan_blocks"], c.duplicate_blocks) == (ref.orphans(), ref.dups)
         assert c.evictable_size() == self.bs * len(ref.queue)
         assert c.total_size() == self.bs * len(ref.blocks)
 
     @invariant()
     def a_valid_stamp_is_never_stale(self):
         for memo_key, prefix, ids, node, stamp in self.memo:
-            if self.c.match_valid(node, stamp):
+            if self.c.admission().still_valid(node, stamp):
                 m = self.c.match_prefix(memo_key, split=False)
                 assert (m.prefix_len, [b.id for b in m.last_node]) == (prefix, ids)
                 assert all(a is b for a, b in zip(m.last_node, node))
@@ -484,11 +484,11 @@ def test_events_carry_the_chained_hashes(algo):
     hs = chained(k, 4, algo)
     want += [KVEvent("stored", hs[3], hs[2], tuple(toks(50, 4)), (None, None)),
              KVEvent("stored", hs[0], None, tuple(T[:4]), (None, None))]
-    assert c.take_events() == want
+    assert c.events().take() == want
     order = c.free_queue_ids()
     hash_of = {b: blk.hash for b, blk in c.blocks.items()}
     c.evict(1000)
-    assert c.take_events() == [KVEvent("removed", hash_of[b]) for b in order]
+    assert c.events().take() == [KVEvent("removed", hash_of[b]) for b in order]
     assert sorted(set(hash_of.values())) == sorted({e.block_hash for e in want})
     c.check_invariants()
 
@@ -497,10 +497,10 @@ def test_stamp_changes_exactly_when_blocks_are_registered_or_dropped():
     c = BlockHashCache(block_size=4)
     c.insert(key(toks(0, 8)), np.arange(8))
     m = c.match_prefix(key(toks(0, 12)), split=False)
-    stamp = c.match_stamp(m.last_node)
+    stamp = c.admission().stamp(m.last_node)
 
     def valid():
-        return c.match_valid(m.last_node, stamp)
+        return c.admission().still_valid(m.last_node, stamp)
     c.inc_lock_ref(m.last_node)                           # ref counts and queue order: no change
     c.dec_lock_ref(m.last_node)
     c.insert(key(toks(0, 8)), np.arange(8))                # nothing new registered
@@ -508,14 +508,14 @@ def test_stamp_changes_exactly_when_blocks_are_registered_or_dropped():
     assert valid() and c.match_prefix(key(toks(0, 12))).prefix_len == 8
     c.insert(key(toks(0, 12)), np.arange(12))              # block 2 registered: the match grows
     assert not valid() and c.match_prefix(key(toks(0, 12))).prefix_len == 12
-    stamp = c.match_stamp(m.last_node)
+    stamp = c.admission().stamp(m.last_node)
     c.insert(key(toks(500, 4)), np.arange(40, 44))         # elsewhere, still a registration
     assert not valid()
-    stamp = c.match_stamp(m.last_node)
+    stamp = c.admission().stamp(m.last_node)
     assert c.free_queue_ids() == [1, 0, 2, 10]
     c.evict(4)                                             # the queue's head: block 1 goes
     assert not valid() and c.match_prefix(key(toks(0, 12))).prefix_len == 4
-    stamp = c.match_stamp(m.last_node)
+    stamp = c.admission().stamp(m.last_node)
     c.reset()
     assert not valid()
 

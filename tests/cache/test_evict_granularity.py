@@ -16,6 +16,7 @@ from radixkv.cache.events import KVEvent, chain_hash
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
+from radixkv.cache.radix.node import is_candidate
 from radixkv.commands.flags import CACHE_FLAGS, cache_config
 from radixkv.config import CacheConfig
 
@@ -36,7 +37,7 @@ def _insert(tree, tokens, slots, t=None):
 
 def _next_candidate(tree):
     """The node the next evict() takes first: the smallest live heap entry."""
-    live = [e for e in tree._heap if e[-2] == e[-1].hv and tree._is_candidate(e[-1])]
+    live = [e for e in tree.evictor.heap if e[-2] == e[-1].hv and is_candidate(e[-1])]
     return min(live, key=lambda e: e[:-1])[-1]
 
 
@@ -57,7 +58,7 @@ def test_trims_exactly_the_tail_of_the_leaf():
 
 
 def test_node_granularity_is_unchanged():
-    tree = RadixCache(clock=FakeClock())
+    tree = RadixCache(clock=FakeClock(), evict_granularity="node")
     assert tree.evict_granularity == "node"
     _insert(tree, toks(0, 10), np.arange(10))
     assert tree.evict(3).tolist() == list(range(10))
@@ -150,24 +151,24 @@ def test_a_lock_below_protects_the_shared_prefix():
 def test_removed_events_are_the_trimmed_pages_hashes():
     ns = ("lora", None)
     tree = _tree(ps=2, enable_events=True)
-    tree.take_events()
+    tree.events().take()
     k = toks(100, 8)
     leaf = tree.insert(key(k, ns), np.arange(8)).last_node
-    stored = tree.take_events()
+    stored = tree.events().take()
     parent, hashes = None, []
     for i in range(4):
         hashes.append(chain_hash(parent, ns, np.array(k[2 * i:2 * i + 2], dtype="=u4").tobytes()))
         parent = hashes[-1]
     assert [e.block_hash for e in stored] == hashes
     assert tree.evict(3).tolist() == [4, 5, 6, 7]
-    assert tree.take_events() == [KVEvent("removed", h, namespace=ns) for h in hashes[2:]]
+    assert tree.events().take() == [KVEvent("removed", h, namespace=ns) for h in hashes[2:]]
     assert leaf.hashes == hashes[:2]
     # regrowing chains on the trimmed node's last remaining page
     tree.insert(key(k[:4] + [7, 7], ns), np.arange(20, 26))
-    ev = tree.take_events()
+    ev = tree.events().take()
     assert [e.kind for e in ev] == ["stored"] and ev[0].parent_hash == hashes[1]
     tree.evict(100)
-    assert sorted(e.block_hash for e in tree.take_events()) == sorted([*hashes[:2], ev[0].block_hash])
+    assert sorted(e.block_hash for e in tree.events().take()) == sorted([*hashes[:2], ev[0].block_hash])
 
 
 def test_trim_invalidates_pure_read_match_stamps():
@@ -177,10 +178,10 @@ def test_trim_invalidates_pure_read_match_stamps():
     assert full.last_node is leaf
     part = tree.match_prefix(key(toks(0, 9) + [999]), split=False)   # ends inside the edge
     assert part.prefix_len == 9 and part.last_node is tree.root
-    stamps = [(m.last_node, tree.match_stamp(m.last_node)) for m in (full, part)]
+    stamps = [(m.last_node, tree.admission().stamp(m.last_node)) for m in (full, part)]
     tree.evict(2)
     for node, stamp in stamps:
-        assert not tree.match_valid(node, stamp)
+        assert not tree.admission().still_valid(node, stamp)
 
 
 def test_bad_granularity_is_refused_before_anything_is_built():
@@ -195,11 +196,11 @@ def test_bad_granularity_is_refused_before_anything_is_built():
 
 def test_config_passes_the_granularity_to_the_radix_cache():
     # page is the configured default (measured: it never hit less than node, and up to 3.5
-    # points more when the pool is tight); the tree's own default stays SGLang's node
+    # points more when the pool is tight), in Python as on the command line
     assert CacheConfig().evict_granularity == "page"
     assert CacheConfig().build().evict_granularity == "page"
     assert CacheConfig("radix", 4, "lru", evict_granularity="node").build().evict_granularity == "node"
-    assert RadixCache().evict_granularity == "node"
+    assert RadixCache().evict_granularity == "page"
     for kind in ("blockhash", "none"):                      # accepted; their evictions are pages already
         assert CacheConfig(kind, 16, evict_granularity="page").build().total_size() == 0
 

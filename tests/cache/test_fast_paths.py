@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
-from radixkv.cache import blockhash
+from radixkv.cache.blockhash import cache as blockhash
 from radixkv.cache.blockhash import BlockHashCache
 from radixkv.cache.key import RadixKey, first_divergence, pack_tokens
 from radixkv.cache.pool import SlotPool
@@ -161,9 +161,9 @@ def test_radix_tree_on_long_keys_is_the_naive_prefix_store(specs, ps, events):
         stored.append((toks[:aligned], slots[:aligned].tolist()))
         tree.check_invariants()
     if events:
-        stored_ev = [e for e in tree.take_events() if e.kind == "stored"]
+        stored_ev = [e for e in tree.events().take() if e.kind == "stored"]
         assert len(stored_ev) == tree.total_size() // ps
-        assert {e.block_hash for e in stored_ev} == tree.page_hashes()
+        assert {e.block_hash for e in stored_ev} == tree.events().page_hashes()
 
 
 # ---- the block-hash cache with bare nodes pruned at once ------------------------------------
@@ -198,7 +198,7 @@ def test_pruning_early_or_late_changes_no_result(monkeypatch, capacity):
         monkeypatch.setattr(blockhash, "_PRUNE_SHARE", share)
         cache = BlockHashCache(block_size=4, enable_events=True)
         s = replay(w, cache, capacity, check=True)
-        runs.append((s.hits, s.evicted_tokens, s.orphan_blocks, cache.take_events()))
+        runs.append((s.hits, s.evicted_tokens, s.orphan_blocks, cache.events().take()))
     assert runs[0] == runs[1]
     assert runs[0][1] > 0
 
@@ -225,5 +225,5 @@ def test_moving_a_lock_to_an_extending_chain_is_lock_then_unlock(a, b, extend, l
             c._inc_lock(new)
             c._dec_lock(old)
         c.check_invariants()
-        ends.append((c._ref.tolist(), c.free_queue_ids()))
+        ends.append((c.refs.ref.tolist(), c.free_queue_ids()))
     assert ends[0] == ends[1]

@@ -16,15 +16,15 @@ from radixkv.cache.manager import CacheManager
 from radixkv.cache.nocache import NoCache
 from radixkv.cache.pool import OutOfSlotsError, SlotPool
 from radixkv.cache.radix import RadixCache
-from radixkv.cache.radix_node import path_key
+from radixkv.cache.radix.node import path_key
 
 from tests.cache._helpers import FakeClock, all_nodes, edge_prefixes, key, shape, toks, tree_snapshot
 
 
 # ---- helpers -----------------------------------------------------------------------------
-def radix(num_slots: int, page_size: int = 1):
+def radix(num_slots: int, page_size: int = 1, granularity: str = "page"):
     clock = FakeClock()
-    tree = RadixCache(page_size=page_size, clock=clock)
+    tree = RadixCache(page_size=page_size, clock=clock, evict_granularity=granularity)
     return CacheManager(tree, SlotPool(num_slots, page_size)), tree, clock
 
 
@@ -112,7 +112,7 @@ def test_regression_refusal_that_only_locking_decides_touches_nothing(upto, rese
     before, r_before = tree_snapshot(tree), req_state(r)
     calls = counting(tree)
     peek = tree.match_prefix(r.key[:5], split=False)
-    assert tree.lock_cost(r.key[:5], peek.last_node, peek.prefix_len) == 4
+    assert tree.admission().lock_cost(r.key[:5], peek.last_node, peek.prefix_len) == 4
     calls.clear()
     assert mgr.admit(r, r.key[:5], upto, reserve) is None
     assert_refusal_untouched(mgr, tree, h, r, calls, before, r_before)
@@ -132,7 +132,7 @@ def test_admit_evicts_exactly_what_is_short():
 
 
 def test_alloc_evicts_only_what_is_short_in_eviction_order():
-    mgr, tree, clock = radix(8)
+    mgr, tree, clock = radix(8, granularity="node")
     for t, seq in enumerate(([1, 2], [3, 4], [5, 6])):
         clock.t = float(t)
         served(mgr, seq)                                  # slots 0-1, 2-3, 4-5
@@ -655,20 +655,20 @@ def test_lock_cost_counts_only_what_locking_would_protect():
     served(mgr, toks(1, 8))
     k = key(toks(1, 4) + [90])
     peek = tree.match_prefix(k, split=False)
-    assert (peek.prefix_len, tree.lock_cost(k, peek.last_node, peek.prefix_len)) == (4, 4)
+    assert (peek.prefix_len, tree.admission().lock_cost(k, peek.last_node, peek.prefix_len)) == (4, 4)
     holder = CacheReq(key(toks(1, 8)))
     assert mgr.admit(holder, holder.key, 9) == 8          # locks the whole [1..8] edge
-    assert tree.lock_cost(k, peek.last_node, peek.prefix_len) == 0
-    assert tree.lock_cost(key([]), tree.root, 0) == 0
+    assert tree.admission().lock_cost(k, peek.last_node, peek.prefix_len) == 0
+    assert tree.admission().lock_cost(key([]), tree.root, 0) == 0
     # blockhash: the hit blocks still in the free queue
     c = BlockHashCache(block_size=4)
     bmgr = CacheManager(c, SlotPool(64, page_size=4))
     served(bmgr, toks(1, 12))
     m = c.match_prefix(key(toks(1, 12)), split=False)
-    assert c.lock_cost(key(toks(1, 12)), m.last_node, m.prefix_len) == 12
+    assert c.admission().lock_cost(key(toks(1, 12)), m.last_node, m.prefix_len) == 12
     user = CacheReq(key(toks(1, 8)))
     assert bmgr.admit(user, user.key, 9) == 8             # locks blocks 0 and 1
-    assert c.lock_cost(key(toks(1, 12)), m.last_node, m.prefix_len) == 4
+    assert c.admission().lock_cost(key(toks(1, 12)), m.last_node, m.prefix_len) == 4
 
 
 def test_check_finds_a_lock_no_request_holds():

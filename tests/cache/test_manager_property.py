@@ -30,7 +30,7 @@ from radixkv.cache.manager import CacheManager
 from radixkv.cache.nocache import NoCache
 from radixkv.cache.pool import OutOfSlotsError, SlotPool, round_up
 from radixkv.cache.radix import RadixCache
-from radixkv.cache.radix_node import path_key
+from radixkv.cache.radix.node import path_key
 
 from tests.cache._helpers import FakeClock, all_nodes, depth_len, edge_prefixes, tree_snapshot
 

@@ -12,6 +12,7 @@ from radixkv.cache.manager import CacheManager
 from radixkv.cache.orders import CostOrder, analytic_token_cost
 from radixkv.cache.pool import SlotPool
 from radixkv.cache.radix import RadixCache
+from radixkv.cache.radix.node import is_candidate
 from tests.cache._helpers import FakeClock, all_nodes, toks, tree_snapshot
 
 
@@ -34,45 +35,45 @@ def test_a_pinned_prefix_survives_pressure_until_it_expires():
     mgr = manager(100, max_pinned_tokens=40)
     cache = mgr.cache
     serve(mgr, toks(0, 30))
-    assert cache.pin(toks(0, 30), ttl=10.0) == 30
-    assert cache.pinned_size() == 30 and cache.stats()["pins"] == 1
+    assert cache.pins().pin(toks(0, 30), ttl=10.0) == 30
+    assert cache.pins().pinned_size() == 30 and cache.stats()["pins"] == 1
     for i in range(1, 6):                          # 5 x 60 tokens through a 100-token pool
         serve(mgr, toks(1000 * i, 60))
         assert serve(mgr, toks(0, 30) + [999]) == 30
-    cache.advance(10.0)                            # the deadline: back in the eviction order
-    assert cache.pinned_size() == 0
+    cache.pins().advance(10.0)                            # the deadline: back in the eviction order
+    assert cache.pins().pinned_size() == 0
     mgr.check()
-    serve(mgr, toks(9000, 90))
-    assert mgr.peek(RadixKey(toks(0, 30))).prefix_len == 0
+    serve(mgr, toks(9000, 90))                     # unpinned: its pages go like any others'
+    assert mgr.peek(RadixKey(toks(0, 30))).prefix_len == 10
 
 
 def test_a_pin_over_budget_changes_nothing():
     mgr = manager(100, max_pinned_tokens=40)
     serve(mgr, toks(0, 30))
     serve(mgr, toks(100, 30))
-    mgr.cache.pin(toks(0, 30), ttl=5.0)
+    mgr.cache.pins().pin(toks(0, 30), ttl=5.0)
     before = tree_snapshot(mgr.cache)
     with pytest.raises(ValueError, match="over max_pinned_tokens 40"):
-        mgr.cache.pin(toks(100, 30), ttl=5.0)
+        mgr.cache.pins().pin(toks(100, 30), ttl=5.0)
     assert tree_snapshot(mgr.cache) == before
     assert mgr.cache.stats()["pins_refused"] == 1
-    mgr.cache.pin(toks(0, 20), ttl=5.0)            # inside a pinned path: costs nothing more
-    assert mgr.cache.pinned_size() == 30
-    assert mgr.cache.unpin(toks(0, 20)) == 20
+    mgr.cache.pins().pin(toks(0, 20), ttl=5.0)            # inside a pinned path: costs nothing more
+    assert mgr.cache.pins().pinned_size() == 30
+    assert mgr.cache.pins().unpin(toks(0, 20)) == 20
     with pytest.raises(ValueError, match="not pinned"):
-        mgr.cache.unpin(toks(0, 20))
+        mgr.cache.pins().unpin(toks(0, 20))
     mgr.check()
 
 
 def test_pin_ttl_of_a_request_pins_its_prompt_and_the_default_budget_is_a_quarter():
     mgr = manager(200)
-    assert mgr.cache.pins.budget == 50
+    assert mgr.cache.pins().budget == 50
     serve(mgr, toks(0, 40), pin_ttl=3.0)
-    assert mgr.cache.pinned_size() == 40
+    assert mgr.cache.pins().pinned_size() == 40
     serve(mgr, toks(500, 40), pin_ttl=3.0)         # over the budget: refused, counted
-    assert mgr.cache.pinned_size() == 40 and mgr.cache.stats()["pins_refused"] == 1
+    assert mgr.cache.pins().pinned_size() == 40 and mgr.cache.stats()["pins_refused"] == 1
     mgr.tick(3.0)
-    assert mgr.cache.pinned_size() == 0
+    assert mgr.cache.pins().pinned_size() == 0
     mgr.check()
 
 
@@ -115,7 +116,7 @@ def test_cost_order_matches_a_naive_rescan(ops, capacity):
     for prefix, n in ops:
         tokens = toks(prefix * 100, 30)[:max(n, 2)]
         serve(mgr, tokens)
-        leaves = [c for c in cache._nodes() if cache._is_candidate(c)]
+        leaves = [c for c in cache.nodes() if is_candidate(c)]
         if not leaves:
             continue
         expect = min(leaves, key=order)
@@ -183,10 +184,10 @@ def test_regression_an_exposed_parent_trimmed_in_the_guarded_pass_keeps_one_heap
     p = mgr.peek(RadixKey(toks(0, 10))).last_node
     q = mgr.peek(RadixKey(toks(0, 20))).last_node
     assert q.parent is p
-    cache.set_eviction_guard(lambda n: 0 if n is q else None)
+    cache.guard().set(lambda n: 0 if n is q else None)
     mgr.pool.free(cache.evict(15))                 # all of q, then 5 trimmed off p
     assert len(p.key) == 5
-    assert [e[-1] for e in cache._heap if e[-2] == p.hv] == [p]
+    assert [e[-1] for e in cache.evictor.heap if e[-2] == p.hv] == [p]
     cache.check_invariants()
     mgr.check()
 
@@ -200,7 +201,7 @@ def test_regression_a_guarded_leaf_trimmed_keeps_one_heap_entry():
     mgr.pool.free(mgr.cache.evict(10))             # only guarded leaves: 10 trimmed off the end
     node = mgr.peek(RadixKey(toks(0, 30))).last_node
     assert len(node.key) == 30
-    assert [e[-1] for e in mgr.cache._heap if e[-2] == node.hv] == [node]
+    assert [e[-1] for e in mgr.cache.evictor.heap if e[-2] == node.hv] == [node]
     mgr.check()
 
 
@@ -220,7 +221,7 @@ def test_eviction_under_a_guard_matches_a_naive_order(prompts, ranks):
         pool.free(slots[:tree.insert(key, slots).prefix_len])
     nodes = sorted((n for n in all_nodes(tree) if n is not tree.root), key=lambda n: n.id)
     rank = {id(n): r for n, r in zip(nodes, ranks)}
-    tree.set_eviction_guard(lambda n: rank.get(id(n)))
+    tree.guard().set(lambda n: rank.get(id(n)))
     while tree.evictable_size():
         leaves = [n for n in all_nodes(tree) if n.parent is not None and not n.children]
         free = [n for n in leaves if id(n) not in rank]
@@ -274,14 +275,14 @@ def test_regression_a_retracted_request_pins_once():
     req = CacheReq(RadixKey(toks(0, 40)), pin_ttl=5.0)
     assert mgr.admit(req, req.key[:-1], 40) == 0
     mgr.cache_req(req, finished=False)                # the prompt is pinned
-    assert mgr.cache.pinned_size() == 40
+    assert mgr.cache.pins().pinned_size() == 40
     mgr.release(req)                                   # retracted
     req.key = RadixKey(toks(0, 50))                    # it had decoded ten more tokens
     assert mgr.admit(req, req.key[:-1], 50) == 40
     mgr.cache_req(req, finished=False)
-    assert mgr.cache.pinned_size() == 40               # still the one pin
+    assert mgr.cache.pins().pinned_size() == 40               # still the one pin
     mgr.cache_req(req, finished=True)
     mgr.check()
     mgr.reset()
-    assert mgr.cache.pinned_size() == 0
+    assert mgr.cache.pins().pinned_size() == 0
     assert serve(mgr, toks(0, 30)) == 0                # a reset leaves no guard or pin behind

@@ -31,7 +31,7 @@ EXPECTED = {
 
 def _scripted(policy, **params):
     clock = FakeClock()
-    tree = RadixCache(eviction_policy=policy, clock=clock, **params)
+    tree = RadixCache(eviction_policy=policy, clock=clock, evict_granularity="node", **params)
     for t, (name, (tokens, prio)) in enumerate(LEAVES.items(), start=1):
         clock.t = t
         b = SLOT_BASE[name]
@@ -84,7 +84,7 @@ def test_slru_custom_threshold():
 
 def test_lru_ties_break_by_creation():
     clock = FakeClock(1)
-    tree = RadixCache(clock=clock)
+    tree = RadixCache(clock=clock, evict_granularity="node")
     for name in "abcd":
         tree.insert(LEAVES[name][0], [SLOT_BASE[name], SLOT_BASE[name] + 1])
     assert _victim_order(tree) == "abcd"
@@ -93,7 +93,7 @@ def test_lru_ties_break_by_creation():
 def test_policy_order_with_cascade_lru():
     # a leaf's evicted parent competes with the other leaves by its own access time
     clock = FakeClock(1)
-    tree = RadixCache(clock=clock)
+    tree = RadixCache(clock=clock, evict_granularity="node")
     tree.insert([1, 2, 3], [0, 1, 2])
     tree.insert([1, 2, 4], [0, 1, 3])              # [1,2] -> {[3], [4]} all at t=1
     clock.t = 2

@@ -138,7 +138,7 @@ class RadixMachine(RuleBasedStateMachine):
         # queue-aware eviction: some nodes kept with a queue rank (or the guard lifted)
         nodes = sorted(all_nodes(self.tree), key=lambda n: n.id)
         kept = {id(n): r for n, r in zip(nodes, ranks) if r is not None}
-        self.tree.set_eviction_guard((lambda n: kept.get(id(n))) if kept else None)
+        self.tree.guard().set((lambda n: kept.get(id(n))) if kept else None)
 
     @rule(n=st.integers(0, 40))
     def evict(self, n):

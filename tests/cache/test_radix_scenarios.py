@@ -27,9 +27,9 @@ S, F, Q1, Q2, RAG = toks(0, 512), toks(10_000, 1543), toks(20_000, 96), toks(30_
 R1, R2, R3 = S + F + Q1, S + F + Q2, S + RAG
 
 
-def _worked_example(page_size=1):
+def _worked_example(page_size=1, granularity="page"):
     pool = SlotPool(8192, page_size)
-    tree = RadixCache(page_size=page_size, clock=FakeClock())
+    tree = RadixCache(page_size=page_size, clock=FakeClock(), evict_granularity=granularity)
     slots = {}
     for name, r in (("R1", R1), ("R2", R2), ("R3", R3)):
         s = pool.alloc(len(r))[:len(r)]
@@ -90,7 +90,7 @@ def _lock_paths(tree, times=3):
 
 
 def test_eviction_question_frees_exactly_the_dead_rag_leaf():
-    pool, tree, slots = _worked_example()
+    pool, tree, slots = _worked_example(granularity="node")      # SGLang's: whole leaves
     _lock_paths(tree, times=3)
     (s_node,) = tree.root.children.values()
     assert s_node.lock_ref == 6 + 0 and tree.root.lock_ref == 7
@@ -109,8 +109,22 @@ def test_eviction_question_frees_exactly_the_dead_rag_leaf():
     tree.check_invariants()
 
 
-def test_eviction_interior_node_never_a_candidate_while_children_live():
+def test_eviction_question_in_pages_frees_exactly_what_is_asked():
+    """The default granularity, in Python as on the command line: evict(300) frees exactly
+    300 tokens, the tail of the dead RAG leaf, and the leaf stays, shorter."""
     pool, tree, slots = _worked_example()
+    assert tree.evict_granularity == "page"
+    _lock_paths(tree, times=3)
+    freed = tree.evict(300)
+    assert freed.tolist() == slots["R3"][-300:].tolist()
+    assert tree.evictable_size() == 2112 - 300 and tree.protected_size() == 2231
+    pool.free(freed)
+    pool.check_conservation(tree.held_slots())
+    tree.check_invariants()
+
+
+def test_eviction_interior_node_never_a_candidate_while_children_live():
+    pool, tree, slots = _worked_example(granularity="node")
     # only the q1 path locked: q2 and RAG leaves are dead; S and F are interior
     m = tree.match_prefix(RadixKey(R1))
     tree.inc_lock_ref(m.last_node)
@@ -176,7 +190,7 @@ def test_regression_evict_cascade_after_heap_compaction():
 # ---- split bookkeeping -------------------------------------------------------------------
 def test_split_keeps_suffix_access_time_and_lru_order():
     clock = FakeClock(1)
-    tree = RadixCache(clock=clock)
+    tree = RadixCache(clock=clock, evict_granularity="node")
     tree.insert([1, 2, 3, 4], [10, 11, 12, 13])               # A at t=1
     clock.t = 3
     tree.insert([8, 9], [20, 21])                             # B at t=3
@@ -417,10 +431,10 @@ def test_namespaces_never_share_nodes_or_slots():
 
 def test_namespace_pairs_do_not_collide_in_event_hashes():
     tree = RadixCache(page_size=2, clock=FakeClock(), enable_events=True)
-    tree.take_events()
+    tree.events().take()
     for i, ns in enumerate(NAMESPACES):
         tree.insert(key([1, 2, 3, 4], ns), np.arange(4) + 10 * i)
-    ev = tree.take_events()
+    ev = tree.events().take()
     assert [e.kind for e in ev] == ["stored"] * 2 * len(NAMESPACES)
     assert [e.namespace for e in ev] == [ns for ns in NAMESPACES for _ in range(2)]
     assert len({e.block_hash for e in ev}) == 2 * len(NAMESPACES)
@@ -435,11 +449,11 @@ def _page(tokens):
 
 def test_events_stored_chained_removed_cleared():
     ns = ("lora", None)
-    tree = RadixCache(page_size=4, clock=FakeClock(), enable_events=True)
-    tree.take_events()
+    tree = RadixCache(page_size=4, clock=FakeClock(), enable_events=True, evict_granularity="node")
+    tree.events().take()
     k = list(range(100, 114))                                 # 14 tokens: 3 pages stored
     tree.insert(key(k, ns), np.arange(14))
-    ev = tree.take_events()
+    ev = tree.events().take()
     assert [e.kind for e in ev] == ["stored"] * 3
     assert ev[0].parent_hash is None
     assert ev[1].parent_hash == ev[0].block_hash and ev[2].parent_hash == ev[1].block_hash
@@ -452,32 +466,32 @@ def test_events_stored_chained_removed_cleared():
     # a diverging insert: the split emits nothing, the new leaf chains on the shared page
     k2 = k[:4] + [7, 7, 7, 7, 8, 8, 8, 8]
     tree.insert(key(k2, ns), np.arange(12) + 50)
-    ev2 = tree.take_events()
+    ev2 = tree.events().take()
     assert [e.kind for e in ev2] == ["stored", "stored"]
     assert ev2[0].parent_hash == ev[0].block_hash and ev2[1].parent_hash == ev2[0].block_hash
     assert ev2[0].token_ids == (7, 7, 7, 7)
-    assert tree.take_events() == []
+    assert tree.events().take() == []
     # evict the old suffix: its two pages are removed, one event each
     freed = tree.evict(1)
     assert freed.tolist() == list(range(4, 12))
-    rem = tree.take_events()
+    rem = tree.events().take()
     assert rem == [KVEvent("removed", ev[1].block_hash, namespace=ns),
                    KVEvent("removed", ev[2].block_hash, namespace=ns)]
     tree.evict(100)
-    rem = tree.take_events()
+    rem = tree.events().take()
     assert [e.kind for e in rem] == ["removed"] * 3
     assert [e.block_hash for e in rem] == [ev2[0].block_hash, ev2[1].block_hash, ev[0].block_hash]
     tree.reset()
-    assert tree.take_events() == [KVEvent("cleared")]
+    assert tree.events().take() == [KVEvent("cleared")]
     assert tree.total_size() == 0
 
 
 def test_events_same_tokens_two_namespaces_hash_differently():
     tree = RadixCache(page_size=1, clock=FakeClock(), enable_events=True, hash_algo="xxhash")
-    tree.take_events()
+    tree.events().take()
     tree.insert(key([5, 6]), [0, 1])
     tree.insert(key([5, 6], (None, "s")), [2, 3])
-    ev = tree.take_events()
+    ev = tree.events().take()
     assert len(ev) == 4
     assert {ev[0].block_hash, ev[1].block_hash}.isdisjoint({ev[2].block_hash, ev[3].block_hash})
     assert ev[0].token_ids == ev[2].token_ids == (5,)
@@ -489,7 +503,7 @@ def test_events_off_by_default():
     tree.insert([1, 2], [0, 1])
     tree.evict(2)
     tree.reset()
-    assert tree.take_events() == []
+    assert tree.events() is None                  # no events recorded, none to take
 
 
 # ---- the request lifecycle (CacheManager) -------------------------------------------------
@@ -667,6 +681,6 @@ def test_regression_heap_tie_after_split_does_not_compare_nodes(policy):
 def test_regression_no_cleared_event_at_construction():
     # building a cache used to report a "cleared" event before anything was stored
     for cache in (RadixCache(enable_events=True), BlockHashCache(block_size=4, enable_events=True)):
-        assert cache.take_events() == []
+        assert cache.events().take() == []
         cache.reset()
-        assert cache.take_events() == [KVEvent("cleared")]
+        assert cache.events().take() == [KVEvent("cleared")]

@@ -116,7 +116,7 @@ def test_the_prediction_is_made_at_insert_and_survives_a_heap_rebuild(rebuild):
     assert r.tree.sort_key.counters == {"rag": 0}
     r.insert(toks(300, 10), tag="rag")             # predicted dead
     if rebuild:
-        r.tree._rebuild_heap()                     # what heap compaction does
+        r.tree.evictor._rebuild()                     # what heap compaction does
     assert r.evict(10) == [toks(300, 10)]
     assert r.evict(10) == [toks(100, 10)]          # then LRU: chat before the live-keyed rag
     assert r.evict(10) == [toks(200, 10)]
@@ -166,7 +166,7 @@ def test_a_split_gives_the_signature_to_the_prefix_and_the_last_touch_to_both_ha
 def test_regression_a_split_prefix_keeps_its_retention_stamp():
     # the prefix half of a split started at retain 0 and went before its unprioritised peers
     r = Run("retention", horizon=100.0)
-    r.tree.advance(0.0)
+    r.tree.pins().advance(0.0)
     r.tree.insert(RadixKey(toks(0, 10)), r.pool.alloc(10), priority=2)
     stamp = r.tree.match_prefix(RadixKey(toks(0, 10)), split=False).last_node.retain
     assert stamp == 200.0

@@ -103,25 +103,25 @@ def test_a_cache_records_runs_and_gives_the_same_pages(kind, algo):
             res = cache.insert(RadixKey(seq[:n], cache_salt=rng.choice([None, "s"])), slots)
             if kind == "radix":
                 pool.free(slots[:res.prefix_len])     # the tree kept its own copies of those
-        runs = cache.take_event_runs()
+        runs = cache.events().take_runs()
         assert all(type(r) is EventRun for r in runs)
         pages = run_pages(runs)
         assert pages == [e for r in runs for e in _pages_by_hand(r, 4)]
         assert index_runs.apply_kv(step, runs, 4) and index_pages.apply_kv(step, pages, 4)
         assert index_runs.held_map == index_pages.held_map
         assert index_runs.parents == index_pages.parents
-        assert index_runs.hashes() == cache.page_hashes()
+        assert index_runs.hashes() == cache.events().page_hashes()
         cache.check_invariants()
 
 
 def test_a_trim_after_a_store_leaves_the_recorded_run_whole():
     pool, tree = SlotPool(64), RadixCache(page_size=2, enable_events=True, evict_granularity="page")
     tree.insert(RadixKey([1, 2, 3, 4, 5, 6]), pool.alloc(6))
-    stored = tree.take_event_runs()
+    stored = tree.events().take_runs()
     assert [len(r.hashes) for r in stored] == [3]
     tree.insert(RadixKey([1, 2, 3, 4, 5, 6]), pool.alloc(6))
     tree.evict(2)                                  # trims the leaf's last page in place
-    removed = tree.take_event_runs()
+    removed = tree.events().take_runs()
     assert [(r.kind, r.hashes) for r in removed] == [("removed", stored[0].hashes[2:])]
     assert len(stored[0].hashes) == 3 and len(stored[0].pages()) == 3
 
@@ -130,19 +130,19 @@ def test_a_block_cache_records_one_run_per_run_of_new_blocks():
     cache = BlockHashCache(block_size=2, enable_events=True)
     key = RadixKey([1, 2, 3, 4, 5, 6])
     cache.insert(key, np.arange(6))                                  # blocks 0, 1, 2: one run
-    (run,) = cache.take_event_runs()
+    (run,) = cache.events().take_runs()
     h = chain_hashes(None, NS, [pack_tokens(t) for t in ([1, 2], [3, 4], [5, 6])])
     assert run == EventRun("stored", h, None, key.buf, NS)
     # block 1 already holds the middle content; blocks 7 and 9 copy the first and last: two
     # runs, the second chained on the middle block's hash
     cache.insert(key, np.concatenate([np.arange(14, 16), np.arange(2, 4), np.arange(18, 20)]))
-    assert cache.take_event_runs() == [EventRun("stored", h[:1], None, key.buf[:8], NS),
+    assert cache.events().take_runs() == [EventRun("stored", h[:1], None, key.buf[:8], NS),
                                        EventRun("stored", h[2:], h[1], key.buf[16:], NS)]
     assert cache.duplicate_blocks == 2
     cache.evict(4)                                                   # the free queue's head
-    assert cache.take_event_runs() == [EventRun("removed", [h[2], h[1]])]
+    assert cache.events().take_runs() == [EventRun("removed", [h[2], h[1]])]
     cache.reset()
-    assert cache.take_event_runs() == [EventRun("cleared", [])]
+    assert cache.events().take_runs() == [EventRun("cleared", [])]
 
 
 @pytest.mark.parametrize("algo", ["sha256", "xxhash"])

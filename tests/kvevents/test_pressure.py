@@ -91,7 +91,7 @@ def test_a_subscriber_lagging_past_the_hwm_repairs_the_gap_by_replay_exactly():
             assert index.replayed - replayed == driver.last_seq - before
             assert pub.dropped == 0
             same(index, reference(driver, range(len(driver.published))))
-            assert index.hashes() == driver.cache.page_hashes()
+            assert index.hashes() == driver.cache.events().page_hashes()
             agrees(index, driver)
             assert driver.kinds == {"stored", "removed", "cleared"}
 
@@ -133,7 +133,7 @@ def test_the_replay_buffer_answers_only_its_last_buffer_steps_batches():
             assert index.catch_up() == 5
             assert (index.last_seq, index.missed, index.replayed, index.resyncs) == (39, 35, 5, 1)
             same(index, reference(driver, range(35, 40)))
-            assert index.hashes() <= driver.cache.page_hashes()
+            assert index.hashes() <= driver.cache.events().page_hashes()
 
 
 def test_publish_never_waits_for_a_subscriber_that_reads_nothing():
@@ -173,7 +173,7 @@ def test_a_full_queue_drops_counts_and_leaves_a_gap_no_replay_fills():
             caught_up(index, live + 11)
             assert (index.missed, index.resyncs) == (7, 1)
             same(index, reference(driver, [live + 11]))
-            assert index.hashes() <= driver.cache.page_hashes()
+            assert index.hashes() <= driver.cache.events().page_hashes()
             assert replay_seqs(pub.replay_endpoint, live + 1) == [live + 1, live + 2, live + 3,
                                                                  live + 11, END_SEQ]
             assert not dropped & set(replay_seqs(pub.replay_endpoint, 0))
@@ -230,7 +230,7 @@ def test_the_gateway_shows_each_workers_lost_and_replayed_batches():
                 assert f'radixkv_route_kv_events_{name}_total{{worker="{wurl}"}} {value}.0' in text
             # the gateway forgot what it held at the loss: it holds what batch 13 stored
             assert routing.indexes[0].hashes() == reference(driver, [13]).hashes()
-            assert routing.indexes[0].hashes() <= driver.cache.page_hashes()
+            assert routing.indexes[0].hashes() <= driver.cache.events().page_hashes()
             # regression: the feed's own index applied every batch too (a third copy); it
             # keeps the sequence only
             assert len(routing.feeds[0]._index) == 0 and routing.feeds[0]._index.parents == {}
@@ -287,4 +287,4 @@ def test_a_catch_up_skips_what_the_last_reset_in_it_wiped():
             assert (index.last_seq, index.missed, index.replayed, index.resyncs) == \
                 (last, 0, last + 1, 0)
             same(index, reference(driver, range(last + 1)))
-            assert index.hashes() == driver.cache.page_hashes()
+            assert index.hashes() == driver.cache.events().page_hashes()

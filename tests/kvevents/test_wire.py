@@ -82,9 +82,9 @@ def test_page_hashes_equal_what_the_caches_emit(algo):
     block.insert(key(T[:12]), np.arange(12))
     want = page_hashes(T, (None, None), 4, algo)
     assert len(want) == 3
-    assert [e.block_hash for e in radix.take_events()] == want
-    assert [e.block_hash for e in block.take_events()] == want
-    assert radix.page_hashes() == block.page_hashes() == set(want)
+    assert [e.block_hash for e in radix.events().take()] == want
+    assert [e.block_hash for e in block.events().take()] == want
+    assert radix.events().page_hashes() == block.events().page_hashes() == set(want)
     assert want[0] == chain_hash(None, (None, None), key(T).page(0, 4), algo)
 
 
@@ -96,11 +96,11 @@ def test_page_hashes_differ_across_namespaces_and_follow_each_caches_salt_rule()
     assert len({*plain, *salted, *lora}) == 6
     radix = RadixCache(page_size=4, enable_events=True)
     radix.insert(key(T, (None, "tenant-a")), np.arange(8))
-    assert [e.block_hash for e in radix.take_events()] == salted      # the salt in every page
+    assert [e.block_hash for e in radix.events().take()] == salted      # the salt in every page
     block = BlockHashCache(block_size=4, enable_events=True)
     block.insert(key(T, (None, "tenant-a")), np.arange(8))
     first_only = page_hashes(T, (None, "tenant-a"), 4, salt_first_only=True)
-    assert [e.block_hash for e in block.take_events()] == first_only  # vLLM: first block only
+    assert [e.block_hash for e in block.events().take()] == first_only  # vLLM: first block only
     assert first_only[0] == salted[0] and first_only[1] != salted[1]
     assert page_hashes(T, ("lora-1", None), 4, salt_first_only=True) == lora
     assert page_hashes(toks(0, 3), (None, None), 4) == []
@@ -111,12 +111,13 @@ def test_page_hashes_differ_across_namespaces_and_follow_each_caches_salt_rule()
 
 
 def test_page_hashes_capability_needs_events():
-    with pytest.raises(ValueError, match="radix p4 lru node-evict: page_hashes needs a cache "
-                                         "built with enable_events=True"):
-        RadixCache(page_size=4).page_hashes()
-    with pytest.raises(ValueError, match="enable_events=True"):
-        BlockHashCache(block_size=4).page_hashes()
-    assert NoCache(page_size=4).page_hashes() == set()
+    """No event log without events on, and none for the control: the accessor says None."""
+    assert RadixCache(page_size=4).events() is None
+    assert BlockHashCache(block_size=4).events() is None
+    assert NoCache(page_size=4).events() is None
+    for c in (RadixCache(page_size=4, enable_events=True),
+              BlockHashCache(block_size=4, enable_events=True)):
+        assert c.events().page_hashes() == set() and c.events().take() == []
 
 
 def test_blockhash_page_hashes_track_duplicates_and_evictions():
@@ -126,14 +127,14 @@ def test_blockhash_page_hashes_track_duplicates_and_evictions():
     c.insert(key(P), pool.alloc(8))
     c.insert(key(P), pool.alloc(8))                      # identical content cached twice
     index = KVIndex()
-    index.apply(0, decode_batch(encode_batch(0.0, to_wire(c.take_events(), 4))))
+    index.apply(0, decode_batch(encode_batch(0.0, to_wire(c.events().take(), 4))))
     assert c.free_queue_ids() == [1, 0, 3, 2]
     pool.free(c.evict(4))                                # block 1: one copy of page 2 goes
-    index.apply(1, KVEventBatch(0.0, to_wire(c.take_events(), 4)))
-    assert c.page_hashes() == index.hashes() == set(h)  # the other copy still holds it
+    index.apply(1, KVEventBatch(0.0, to_wire(c.events().take(), 4)))
+    assert c.events().page_hashes() == index.hashes() == set(h)  # the other copy still holds it
     pool.free(c.evict(8))                                # blocks 0 and 3
-    index.apply(2, KVEventBatch(0.0, to_wire(c.take_events(), 4)))
-    assert c.page_hashes() == index.hashes() == {h[0]}
+    index.apply(2, KVEventBatch(0.0, to_wire(c.events().take(), 4)))
+    assert c.events().page_hashes() == index.hashes() == {h[0]}
 
 
 def test_index_applies_stored_removed_and_cleared():
@@ -215,7 +216,7 @@ def test_kvindex_reads_both_encodings_to_the_same_pages():
     c, pool = RadixCache(4, enable_events=True), SlotPool(64, 4)
     for seq in (toks(0, 12), toks(0, 4) + toks(40, 8)):
         c.insert(key(seq), pool.alloc(len(seq)))
-    wire = to_wire(c.take_events(), 4)
+    wire = to_wire(c.events().take(), 4)
     by_map, by_array = KVIndex(), KVIndex()
     by_map.apply(0, decode_batch(encode_batch(0.0, wire)))
     by_array.apply(0, decode_batch(encode_batch(0.0, wire, encoding="array")))

@@ -29,7 +29,7 @@ def scripted(prompts, spacing: float = 0.0):
 def belady_cache(reqs, page_size: int = 1):
     oracle = FutureOracle(reqs, page_size)
     cache = RadixCache(page_size=page_size, eviction_policy="belady", oracle=oracle,
-                       clock=logical_clock())
+                       clock=logical_clock(), evict_granularity="node")    # whole leaves
     return oracle, cache, SlotPool(4096, page_size)
 
 

@@ -52,7 +52,7 @@ class Driver:
             assert self.mgr.admit(r, r.key, len(r.key)) is not None
             self.mgr.cache_req(r, finished=True)
         self.mgr.check()
-        events = self.cache.take_events()
+        events = self.cache.events().take()
         self.kinds |= {e.kind for e in events}
         self.pub.publish(events)
         if events:
@@ -97,7 +97,7 @@ def go_live(index: KVIndex, driver: Driver, tries: int = 200) -> None:
 
 def agrees(index: KVIndex, driver: Driver) -> None:
     cache = driver.cache
-    assert index.hashes() == cache.page_hashes()
+    assert index.hashes() == cache.events().page_hashes()
     for _ in range(20):                   # what a router computes: the cached prefix in pages
         p = driver.prompt()
         hit = cache.match_prefix(key(p), split=False).prefix_len

@@ -62,7 +62,7 @@ def test_regression_a_replaced_replica_keeps_its_successors_pages():
     hub.reps["C"] = {"rank": 0}                   # A died; C took rank 0; A is still listed
     cache = RadixCache(4, enable_events=True)
     cache.insert(list(range(16)), np.arange(16))
-    hub.log.append(("C", "events", encode_batch(0.0, to_wire(cache.take_events(), 4))))
+    hub.log.append(("C", "events", encode_batch(0.0, to_wire(cache.events().take(), 4))))
     asyncio.run(ad.sync())
     asyncio.run(ad.sync())                        # used to clear rank 0 again on every sync
     assert ad.ranks == {"B": 1, "C": 0}
@@ -75,7 +75,7 @@ def test_regression_a_replaced_replica_keeps_its_successors_pages():
 def stored(tokens: list[int]) -> bytes:
     cache = RadixCache(4, enable_events=True)
     cache.insert(tokens, np.arange(len(tokens)))
-    return encode_batch(0.0, to_wire(cache.take_events(), 4))
+    return encode_batch(0.0, to_wire(cache.events().take(), 4))
 
 
 def test_a_replica_ray_reports_dead_is_forgotten_before_its_replacement_comes():

@@ -24,7 +24,7 @@ def agree(index: KVIndex, state, timeout: float = 10.0) -> set[int]:
     wait_idle(state)
     deadline = time.monotonic() + timeout
     while True:
-        tree = on_engine(state, lambda e: e.cache.page_hashes())
+        tree = on_engine(state, lambda e: e.cache.events().page_hashes())
         index.poll(50)
         if index.hashes() == tree:
             return tree
@@ -74,7 +74,7 @@ def test_index_agrees_with_the_tree_through_loss_eviction_and_flush(cache):
         # a late subscriber catches up by replay from the start
         with KVIndex.connect(ev["endpoint"], ev["replay_endpoint"], topic="kv") as late:
             late.catch_up(2000)
-            assert late.hashes() == on_engine(state, lambda e: e.cache.page_hashes())
+            assert late.hashes() == on_engine(state, lambda e: e.cache.events().page_hashes())
 
 
 def test_tenants_hash_apart():

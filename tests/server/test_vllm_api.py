@@ -222,5 +222,5 @@ def test_a_vllm_subscriber_rebuilds_exactly_the_trees_pages(cache):
         finally:
             replay.close()
         assert kinds == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
-        assert set(held) == on_engine(state, lambda e: e.cache.page_hashes())
+        assert set(held) == on_engine(state, lambda e: e.cache.events().page_hashes())
         check_clean(state)

@@ -43,6 +43,12 @@ from radixkv.workloads.sessions import ArrivalQueue, SessionArrivals, SessionCha
 _STEP_END, _ARRIVAL = 0, 1
 
 
+def _runs(cache) -> list:
+    """The KV-event runs a replica's cache recorded since the last take (none: no events)."""
+    log = cache.events()
+    return log.take_runs() if log is not None else []
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """Replicas of one engine configuration (each with `engine.kv_capacity` KV slots)."""
@@ -139,7 +145,7 @@ class Cluster:
         """The router hears what the replica's last step did."""
         r, router = rep.index, self.router
         if router.uses_events:
-            events = rep.engine.cache.take_event_runs()
+            events = _runs(rep.engine.cache)
             if rep.events:
                 events, rep.events = rep.events + events, []
             if events:
@@ -174,7 +180,7 @@ class Cluster:
         while e.has_work():
             if e.decode_run(horizon, evict_events=heard):     # quiet steps, ending by the horizon
                 if heard:
-                    rep.events.extend(e.cache.take_event_runs())
+                    rep.events.extend(_runs(e.cache))
                 rep.snapshot()
             if not e.step():
                 break
@@ -183,7 +189,7 @@ class Cluster:
                 rep.busy = True
                 return
             if heard:                             # told before the next route (_tell)
-                rep.events.extend(e.cache.take_event_runs())
+                rep.events.extend(_runs(e.cache))
             rep.snapshot()                        # a quiet step's whole delivery
         rep.busy = False
 

@@ -115,7 +115,7 @@ def test_at_every_route_the_router_holds_what_each_cache_held_at_its_last_step_e
     step, decode_run = Engine.step, Engine.decode_run
 
     def record(engine):
-        states.setdefault(id(engine), []).append((engine.now, frozenset(engine.cache.page_hashes())))
+        states.setdefault(id(engine), []).append((engine.now, frozenset(engine.cache.events().page_hashes())))
 
     def stepped(self):
         out = step(self)

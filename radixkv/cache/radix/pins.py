@@ -1,8 +1,9 @@
 """Pinned prefixes: a pin is a lock on a cached prefix with a deadline, inside a token budget.
 
-`pin(key, ttl)` locks the cached part of `key` until `now + ttl` (the cache's `advance(now)`
-time); pinning the same key again moves its deadline. `expire(now)` drops every pin whose
-deadline has passed and `unpin(key)` drops one now; either unlocks, so the prefix goes back
+`PinTable` is the radix tree's `pins()` ability (cache/abilities.py: Pins) and owns the
+caller's clock: `advance(now)` moves it (never back) and drops every pin whose deadline has
+passed. `pin(key, ttl)` locks the cached part of `key` until `now + ttl`; pinning the same key
+again moves its deadline; `unpin(key)` drops one now; either unlocks, so the prefix goes back
 into the eviction order exactly as if a request had finished with it. The pinned size is the
 union of the pinned paths (a shared system prompt counts once); a pin that would take it over
 the budget raises ValueError and changes nothing. Pin locks are not request locks:
@@ -18,6 +19,10 @@ from radixkv.cache.key import RadixKey
 from radixkv.argcheck import finite_at_least
 
 
+def _key(key) -> RadixKey:
+    return key if isinstance(key, RadixKey) else RadixKey(key)
+
+
 class Pin(NamedTuple):
     node: Any              # the locked handle ending the pinned prefix
     tokens: int            # the pinned prefix length
@@ -29,6 +34,7 @@ class PinTable:
         self.cache = cache
         self.budget = None if budget is None else int(finite_at_least(budget, "max_pinned_tokens", 0))
         self.refused = 0
+        self.now = 0.0                            # the caller's time: deadlines, retention dates
         self.clear()
 
     def clear(self) -> None:
@@ -59,12 +65,20 @@ class PinTable:
                 n = n.parent
         return set(seen.values())
 
-    def pin(self, key: RadixKey, ttl: float, now: float) -> int:
-        """Lock the cached prefix of `key` until now + ttl; returns its length."""
+    def advance(self, now: float) -> None:
+        """The caller's time in seconds; pins past their deadline go. Never goes back."""
+        self.now = max(self.now, float(now))
+        self.expire(self.now)
+
+    def pin(self, key, ttl: float) -> int:
+        """Lock the cached prefix of `key` until now + ttl; returns its length. Raises
+        ValueError, changing nothing, when no page of it is cached, ttl is not positive or the
+        pinned size would pass the budget."""
+        key = _key(key)
         ttl = finite_at_least(ttl, "pin ttl", 0)
         if not ttl > 0:
             raise ValueError(f"pin ttl must be positive, got {ttl!r}")
-        deadline = now + ttl
+        deadline = self.now + ttl
         old = self._pins.get(key)
         if old is not None:                       # a pin again: a new deadline, nothing locked
             self._set(key, old._replace(deadline=max(old.deadline, deadline)))
@@ -100,8 +114,9 @@ class PinTable:
         self._seq += 1
         heapq.heappush(self._deadlines, (pin.deadline, self._seq, key))
 
-    def unpin(self, key: RadixKey) -> int:
+    def unpin(self, key) -> int:
         """Drop the pin of `key` now; returns the tokens it held. Raises if `key` is not pinned."""
+        key = _key(key)
         pin = self._pins.get(key)
         if pin is None:
             raise ValueError(f"unpin: the {len(key)}-token key is not pinned")

@@ -1,5 +1,6 @@
 """The radix tree's node: an edge's token run and KV slots, its place in the tree, and the
-bookkeeping the eviction orders and the controls read (cache/radix.py builds the tree of them)."""
+bookkeeping the eviction orders and the controls read (cache/radix/tree.py builds the tree of
+them)."""
 from __future__ import annotations
 
 import itertools
@@ -12,6 +13,7 @@ node_ids = itertools.count()       # TreeNode ids: creation order (fifo, filo an
 
 
 class TreeNode:
+    """A radix cache's handle: lock it to protect the path from the root through its edge."""
     __slots__ = ("id", "key", "value", "parent", "children", "lock_ref", "last_access",
                  "created", "hit_count", "priority", "hashes", "hv", "cv", "retain", "sig", "touch",
                  "depth")
@@ -37,6 +39,11 @@ class TreeNode:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref})"
 
 
+def is_candidate(n: TreeNode) -> bool:
+    """An unlocked leaf still in the tree: what eviction may take."""
+    return n.lock_ref == 0 and not n.children and n.parent is not None
+
+
 def path_key(node: TreeNode) -> RadixKey:
     """The whole key from the root through `node`'s edge."""
     parts = []
@@ -44,6 +51,15 @@ def path_key(node: TreeNode) -> RadixKey:
         parts.append(node.key)
         node = node.parent
     return RadixKey.concat(reversed(parts))
+
+
+def path_slots(node: TreeNode) -> np.ndarray:
+    """The slots of the whole path from the root through `node`'s edge."""
+    parts = []
+    while node.parent is not None:
+        parts.append(node.value)
+        node = node.parent
+    return np.concatenate(parts[::-1])
 
 
 def node_id(n: TreeNode) -> int:

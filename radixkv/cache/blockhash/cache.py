@@ -39,8 +39,10 @@ resumed. Evicting a block leaves its node in place (bare, when it has no child e
 nodes are dropped in batches, once there are more of them than cached blocks, so content
 evicted and computed again finds its node. Only that pruning removes nodes, and it cuts the
 kept path's dropped tail (a dropped node has no child, so the dropped nodes of a path are its
-last ones). Reference counts live with the handles in cache/blockhash_handles.py; events,
-inspection, stats, an insert's full check and `check_invariants` in cache/blockhash_check.py.
+last ones). Collaborators that own their state: reference counts and the free queue (refs.py,
+free_queue.py), the Block memo and hash views (handles.py), the KV events (an EventLog);
+the events' hashing, an insert's full check and the structural check are functions in
+check.py.
 """
 from __future__ import annotations
 
@@ -49,12 +51,15 @@ from typing import Iterable
 
 import numpy as np
 
+from radixkv.cache.abilities import EventLog
 from radixkv.cache.base import InsertResult, MatchResult, PrefixCache, as_key
-from radixkv.cache.blockhash_check import BlockChecks
-from radixkv.cache.blockhash_handles import TOKEN as _TOKEN
-from radixkv.cache.blockhash_handles import Block, BlockLocks, BlockViews, Chain
+from radixkv.cache.blockhash.check import (check_blockhash, orphan_blocks, page_hashes, reject,
+                                           store_events)
+from radixkv.cache.blockhash.handles import TOKEN as _TOKEN
+from radixkv.cache.blockhash.handles import Block, BlockViews, Chain, check_handle
+from radixkv.cache.blockhash.refs import RefCounts
+from radixkv.cache.blockhash.trie import add_nodes, prune
 from radixkv.cache.events import EventRun, check_hash_algo
-from radixkv.cache.free_queue import FreeQueue
 from radixkv.cache.key import RadixKey
 from radixkv.cache.pool import EMPTY_SLOTS, page_slots
 
@@ -64,7 +69,7 @@ _PRUNE_AT = 1024                        # bare nodes kept at least, and up to on
 _PRUNE_SHARE = 1
 
 
-class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
+class BlockHashCache(PrefixCache[Chain]):
     name = "blockhash"
 
     def __init__(self, block_size: int = 16, hash_algo: str = "sha256", enable_events: bool = False):
@@ -72,21 +77,21 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
         self.block_size = block_size
         self.hash_algo, self.enable_events = check_hash_algo(hash_algo), enable_events
         self._row = np.dtype((np.void, block_size * _TOKEN.itemsize))   # one block of key.buf
-        self._events: list[EventRun] = []             # one record per run stored or evicted
+        self.log = EventLog(lambda: page_hashes(self))   # one record per run stored or evicted
+        self.views = BlockViews(self)
         # per block id, grown on demand and never shrunk (a handle's ids always index them)
         self._node = np.full(1024, -1, np.int64)      # its content node; -1: not cached
         self._serial = np.zeros(1024, np.int64)       # its registration; 0: not cached
-        self._ref = np.zeros(1024, np.int32)          # reference count
-        self._queue = FreeQueue(1024)                  # its free-queue entry (cache/free_queue.py)
+        self.refs = RefCounts(1024)                   # reference counts and the free queue
         self._next_serial = 1                         # never reset: old handles stay stale
         self._drops = 0                               # bumped whenever blocks leave
         self.reset()
-        self._events.clear()                          # "cleared" is for an explicit reset() only
+        self.log.clear()                              # "cleared" is for an explicit reset() only
 
     def reset(self) -> None:
-        for a, v in ((self._node, -1), (self._serial, 0), (self._ref, 0)):
-            a.fill(v)
-        self._queue.reset()
+        self._node.fill(-1)
+        self._serial.fill(0)
+        self.refs.reset()
         # per content node (ids of dropped nodes are reused)
         self._parent: list[int] = []          # parent node; -1 for a root
         self._page: list = []                 # block's token ids as bytes; root: its namespace
@@ -98,14 +103,14 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
         self._free_nodes: list[int] = []          # dropped ids (their page is None)
         self._bare: list[int] = []                # nodes left with no copy and no child
         self._roots: dict[tuple, int] = {}        # namespace -> root node
-        self._views: dict[int, Block] = {}        # block id -> its Block, once one was read
+        self.views.memo.clear()
         self._nblocks = self.duplicate_blocks = self.peak_blocks = 0
         # last walk: key, pages, path, drops, and a prefix of path as an int64 array
         self._walked: tuple = (RadixKey(), [], [], -1, _NO_IDS)
         self._version = next(_versions)                     # changes whenever a match could
         self._drops += 1
         if self.enable_events:
-            self._events.append(EventRun("cleared", []))
+            self.log.record(EventRun("cleared", []))
 
     # ---- lookup ---------------------------------------------------------------------------
     def _walk(self, key: RadixKey) -> tuple[list[bytes], list[int]]:
@@ -148,7 +153,7 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
             self._walked = (last, pages, path, drops, arr)
         return arr
 
-    def _match(self, key: RadixKey, split: bool) -> MatchResult:
+    def _match(self, key: RadixKey, split: bool) -> MatchResult[Chain]:
         """Hit blocks of `key`, up to the first block with no cached copy. Changes nothing but
         the walk memo."""
         if not self._walk(key)[1]:
@@ -173,17 +178,22 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
     def _chain(self, ids: np.ndarray) -> Chain:
         return Chain(self, ids, self._serial[ids], self._drops)
 
-    def match_stamp(self, chain) -> int:
+    # ---- admission (abilities.Admission) ------------------------------------------------------
+    def stamp(self, chain: Chain) -> int:
         return self._version
 
-    def match_valid(self, chain, stamp) -> bool:
+    def still_valid(self, chain: Chain, stamp) -> bool:
         # a match reads only which blocks are cached (not ref counts or queue order): it can
         # change only when an insert registers a block, an eviction drops one, or a reset
         return stamp == self._version
 
+    def lock_cost(self, key: RadixKey, chain: Chain, prefix_len: int) -> int:
+        # the hit blocks at ref 0 sit in the free queue (evictable) until locked
+        return self.refs.unreferenced(chain.ids) * self.block_size if len(chain) else 0
+
     # ---- insert (vLLM's cache_full_blocks) ------------------------------------------------
     def _insert(self, key: RadixKey, slots: np.ndarray, priority: int, tag=None
-                ) -> InsertResult:
+                ) -> InsertResult[Chain]:
         """Register the full blocks of `key`; `slots` must be whole blocks of the pool. A block
         id already registered with this content counts as cached (prefix_len, up to the first
         new block); a new block whose content another block already has is registered too (a
@@ -213,9 +223,9 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
         if not ordered:
             on_path = self._path_ids()
             if len(new) + int(np.count_nonzero(held[:known] == on_path)) != nfull:
-                self._reject(ids, held, path)
+                reject(ids, held, path)
         if len(set(fresh)) != len(fresh):
-            self._reject(ids, held, path)
+            reject(ids, held, path)
         if len(new):
             # known content: one more copy (ordered: the new blocks before the path's end)
             again = np.arange(r, known) if ordered else new[:np.searchsorted(new, known)]
@@ -224,7 +234,7 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
                 self._copy(nodes, ids[again])
             if known < nfull:                                 # new content: a chain of new nodes
                 parent = path[-1] if path else self._root(key.namespace)
-                made, ma = self._add_nodes(parent, pages[known:], added[len(again):])
+                made, ma = add_nodes(self, parent, pages[known:], added[len(again):])
                 self._grown(path, made, ma)                   # the walk memo reaches them too
                 nodes = np.concatenate([nodes, ma]) if len(again) else ma
             self._node[added] = nodes
@@ -232,8 +242,8 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
             self._serial[added] = np.arange(s, s + len(added))
             self._next_serial = s + len(added)
             if self.enable_events:
-                self._store_events(key, new.tolist(), path, pages)
-            self._queue.push(added[::-1])
+                store_events(self, key, new.tolist(), path, pages)
+            self.refs.queue.push(added[::-1])
             self._nblocks += len(added)
             self._version = next(_versions)
             self.peak_blocks = max(self.peak_blocks, self._nblocks)
@@ -256,7 +266,7 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
 
     def _root(self, ns: tuple) -> int:
         if ns not in self._roots:
-            self._roots[ns] = self._add_nodes(-1, [ns], [-1])[0][0]
+            self._roots[ns] = add_nodes(self, -1, [ns], [-1])[0][0]
         return self._roots[ns]
 
     def _grown(self, path: list[int], made: list[int], ma: np.ndarray) -> None:
@@ -266,60 +276,19 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
             self._walked = (last, pages, kept, drops, np.concatenate([arr, ma]) if len(arr) else ma)
         path += made
 
-    def _add_nodes(self, parent: int, pages: list, firsts) -> tuple[list[int], np.ndarray]:
-        """New nodes, one per page, each the next one's parent, the first under `parent` (-1:
-        a root, whose page is its namespace); firsts: their first copies. Dropped ids are
-        reused first; fresh ones are appended to the columns in bulk. Returns the ids as a
-        list and as an int64 array."""
-        k, free, top = len(pages), self._free_nodes, len(self._parent)
-        if free:
-            reused = free[:-min(k, len(free)) - 1:-1]
-            del free[len(free) - len(reused):]
-        else:
-            reused = []
-        made = reused + list(range(top, top + k - len(reused)))
-        parents = [parent] + made[:-1]
-        # a run of consecutive ids needs no dict: a node's only child is the next id
-        if reused:
-            kids = [None if n == p + 1 else {g: n} for p, n, g in zip(made, made[1:], pages[1:])]
-            kids.append({})
-        else:
-            kids = [None] * (k - 1) + [{}]
-        if parent >= 0:
-            if self._kids[parent] is None:                    # a second child: spell out the first
-                self._kids[parent] = {self._page[parent + 1]: parent + 1}
-            self._kids[parent][pages[0]] = made[0]
-            self._nk[parent] += 1
-        for n, p, g, d in zip(reused, parents, pages, kids):
-            self._parent[n], self._page[n], self._kids[n] = p, g, d
-        r = len(reused)
-        self._parent += parents[r:]
-        self._page += pages[r:]
-        self._kids += kids[r:]
-        if len(self._parent) > len(self._first):             # node columns: double as needed
-            extra = max(len(self._first), len(self._parent) - len(self._first))
-            self._first = np.concatenate([self._first, np.full(extra, -1, np.int64)])
-            self._nk = np.concatenate([self._nk, np.zeros(extra, np.int32)])
-        ma = np.array(made, np.int64) if r else np.arange(top, top + k)
-        at = ma if r else slice(top, top + k)                # fresh ids: one slice
-        self._first[at] = firsts
-        self._nk[at] = 1
-        self._nk[made[-1]] = 0
-        return made, ma
-
     def _grow(self, max_id: int) -> None:
         """Make the per-block-id arrays cover `max_id`."""
-        n = len(self._ref)
+        n = len(self._node)
         if max_id >= n:
             extra = max(n, max_id + 1 - n)
-            self._node, self._serial, self._ref = (
+            self._node, self._serial = (
                 np.concatenate([a, np.full(extra, v, a.dtype)]) for a, v in
-                ((self._node, -1), (self._serial, 0), (self._ref, 0)))
-            self._queue.grow(n + extra)
+                ((self._node, -1), (self._serial, 0)))
+            self.refs.grow(n + extra)
 
     # ---- eviction: the free queue's head ------------------------------------------------------
     def _evict(self, num_tokens: int) -> np.ndarray:
-        victims = self._queue.pop(-(-num_tokens // self.block_size))
+        victims = self.refs.queue.pop(-(-num_tokens // self.block_size))
         if not len(victims):
             return EMPTY_SLOTS
         first, dups, nodes = self._first, self._dups, self._node[victims]
@@ -327,7 +296,7 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
             for bid, n in zip(victims.tolist(), nodes.tolist()):
                 more = dups.get(n)
                 if first[n] != bid:
-                    more.remove(bid)
+                    more.remove(bid)    # type: ignore[union-attr]  # a second copy is listed
                 else:
                     first[n] = more.pop(0) if more else -1
                 if more == []:
@@ -337,10 +306,8 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
             first[nodes] = -1                     # and its only one: each node is left bare
             bare = nodes[self._nk[nodes] == 0]    # unless it has a child
         if self.enable_events:
-            self._events.append(EventRun("removed", list(map(self._hash.__getitem__, nodes.tolist()))))
-        if self._views:
-            for bid in victims.tolist():
-                self._views.pop(bid, None)
+            self.log.record(EventRun("removed", list(map(self._hash.__getitem__, nodes.tolist()))))
+        self.views.forget(victims.tolist())
         # no copy and no child: pruned later, unless its content comes back first
         self._bare += bare.tolist()
         self._node[victims], self._serial[victims] = -1, 0
@@ -350,55 +317,39 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
             self._walked = (last, pages, path, drops + 1, arr)
         self._version, self._drops = next(_versions), self._drops + 1
         if len(self._bare) > max(_PRUNE_AT, _PRUNE_SHARE * self._nblocks):
-            self._prune()
+            prune(self)
         return self._slots(victims)
 
-    def _prune(self) -> None:
-        """Drop the bare nodes (no cached copy, no child) and the parents that leaves bare.
-        Evictions only list them: content evicted and computed again (a conversation's next
-        turn) finds its node still there, so neither is dropped and made again per block."""
-        first, nk, kids, pg, parents = self._first, self._nk, self._kids, self._page, self._parent
-        hashes, free = self._hash, self._free_nodes
-        for n in self._bare:
-            while pg[n] is not None and first[n] < 0 and nk[n] == 0:
-                parent, page = parents[n], pg[n]
-                if parent < 0:
-                    del self._roots[page]
-                elif kids[parent] is None:                    # it was the run's next id
-                    kids[parent] = {}
-                else:
-                    del kids[parent][page]
-                if parent >= 0:
-                    nk[parent] -= 1
-                kids[n] = pg[n] = None
-                if hashes:
-                    hashes.pop(n, None)
-                free.append(n)
-                if parent < 0:
-                    break
-                n = parent
-        self._bare = []
-        last, pages, path, drops, arr = self._walked
-        j = len(path)                             # a dropped node has no child: the dropped
-        while j and pg[path[j - 1]] is None:      # nodes of a path are its last ones
-            j -= 1
-        self._walked = (last, pages, path[:j], drops, arr[:j])
+    # ---- locks: the reference counts (refs.py) ------------------------------------------------
+    def _check_handle(self, chain) -> None:
+        check_handle(self, chain)
 
-    # ---- sizes and stats ------------------------------------------------------------------
+    def _check_locked(self, chain) -> None:
+        self.refs.check_locked(chain)
+
+    def _inc_lock(self, chain) -> None:
+        self.refs.inc(chain)
+
+    def _dec_lock(self, chain) -> None:
+        self.refs.dec(chain)
+
+    def _relock(self, old, new) -> None:
+        self.refs.relock(old, new)
+
+    # ---- sizes, stats, checks -------------------------------------------------------------
     def evictable_size(self) -> int:
-        return self._queue.n * self.block_size
+        return self.refs.queue.n * self.block_size
 
     def protected_size(self) -> int:
-        return (self._nblocks - self._queue.n) * self.block_size
+        return (self._nblocks - self.refs.queue.n) * self.block_size
 
     def num_blocks(self) -> int:
+        """Blocks cached (a pure read)."""
         return self._nblocks
-
-    num_entries = num_blocks
 
     @classmethod
     def describe(cls, page_size: int, eviction: str, hash_algo: str,
-                 evict_granularity: str = "node") -> str:
+                 evict_granularity: str = "page") -> str:
         return f"{cls.name} b{page_size} {hash_algo}"         # evicts in LRU order only
 
     @property
@@ -407,3 +358,41 @@ class BlockHashCache(BlockChecks, BlockLocks, BlockViews, PrefixCache):
 
     def held_slots(self) -> Iterable[np.ndarray]:
         return [self._slots(np.flatnonzero(self._node >= 0))]
+
+    def stats(self) -> dict[str, int]:
+        return {"entries": self._nblocks, "orphan_blocks": orphan_blocks(self),
+                "duplicate_blocks": self.duplicate_blocks}
+
+    def free_queue_ids(self) -> list[int]:
+        """The free queue, head (next evicted) first."""
+        return self.refs.queue.ids().tolist()
+
+    @property
+    def blocks(self) -> dict[int, Block]:
+        return self.views.blocks()
+
+    @property
+    def by_hash(self) -> dict[int, dict[int, Block]]:
+        return self.views.by_hash()
+
+    def block_hashes(self, key) -> list[int]:
+        return self.views.block_hashes(key)
+
+    def _check_structure(self) -> None:
+        check_blockhash(self)
+
+    def _locks_held(self) -> int:
+        return self.refs.held()                   # one reference per block of a locked chain
+
+    def _lock_units(self, chain) -> int:
+        return len(chain) if chain is not None else 0
+
+    def num_entries(self) -> int:
+        return self._nblocks
+
+    # ---- abilities (cache/abilities.py) -----------------------------------------------------
+    def events(self) -> EventLog | None:
+        return self.log if self.enable_events else None
+
+    def admission(self) -> BlockHashCache:
+        return self
