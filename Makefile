@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test test-fast lint typecheck load soak interop install bench peers clean
+.PHONY: run test test-slow test-fast lint typecheck load soak interop install bench peers clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# the cases over ten seconds each that `test` leaves out (marked `long`: the GPU check's dry run,
+# the short soak, a thousand requests on a small pool, Ray Serve's replicas), about three minutes
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m long
 
 # the inner loop (under two minutes): the layering test, the argument checks and the core rooms
 # (cache, scheduler, workloads, KV events, the simulated GPU, the routers, offline replay),

@@ -96,6 +96,7 @@ def load_script(name: str):
     return mod
 
 
+@pytest.mark.long
 def test_gpu_check_dry_run(tmp_path, capsys):
     out = tmp_path / "gpu.md"
     assert load_script("gpu_check").main(["--dry-run", "--out", str(out)]) == 0

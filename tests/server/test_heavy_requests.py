@@ -10,6 +10,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from tests.server._helpers import check_clean, metric, on_engine, wait_idle
 from tests.server._hostile import ITL_RATIO, ITL_SLACK, p99, server, stream_itls
@@ -53,6 +54,7 @@ def test_a_10_mb_prompt_does_not_stall_the_other_streams():
 
 # ---- 5. a thousand connections at once, a small pool -------------------------------------------
 
+@pytest.mark.long
 def test_a_thousand_concurrent_requests_on_a_small_pool_all_end():
     """1000 requests at once (1000 connections) against a 3000-token pool: each gets its 200
     with 24 tokens (or a clear 4xx/5xx: none here), within a bounded time, with retractions on

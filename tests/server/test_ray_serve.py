@@ -17,6 +17,8 @@ OPTS = ServeOptions(model="llama-3-8b", executor="sim", enable_metrics=True)
 CFG = EngineConfig(kv_capacity=50_000, cache=CacheConfig(page_size=16))
 PREFIX = "You are the support agent of a large company; answer briefly and politely. " * 30
 REPEATS = 5
+# a local Ray cluster a test (about ten seconds each): `make test-slow`
+pytestmark = pytest.mark.long
 
 
 def hits_per_replica(url: str) -> list[tuple[float, float]]:

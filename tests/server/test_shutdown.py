@@ -153,6 +153,7 @@ def _replicas(tmp_path: Path, sig: int, tokens: int) -> None:
         proc.kill()
 
 
+@pytest.mark.long
 def test_replicas_stop_cleanly_on_sigterm(tmp_path):
     _replicas(tmp_path, signal.SIGTERM, LONG)
 

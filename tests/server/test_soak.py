@@ -240,6 +240,7 @@ def check(res: dict, memory: bool) -> None:
         assert res["rss_growth"] <= 0.05, res
 
 
+@pytest.mark.long
 def test_soak_short():
     check(soak_run(seconds=20, capacity_seconds=8), memory=False)
 
