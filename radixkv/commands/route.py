@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from radixkv.commands.serve import add_client_limit_flags
+from radixkv.kvevents.hashes import ROUTE_HASHES
 from radixkv.router import ROUTERS
 from radixkv.sim.specs import GPU_SPECS, MODEL_SPECS
 
@@ -26,6 +27,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kv-events", action="append", default=[], metavar="URL=tcp://H:P[,tcp://H:P]",
                    help="a worker's KV event PUB socket and, optionally, its replay socket "
                         "(repeatable; vLLM's current or older encoding)")
+    p.add_argument("--kv-hash", choices=ROUTE_HASHES, metavar="NAME",
+                   help=f"the page hashes the workers' KV events carry ({', '.join(ROUTE_HASHES)}; "
+                        f"default: what each worker says: radixkv's /server_info, vLLM's "
+                        f"prefix_caching_hash_algo, so vllm-sha256 or vllm-sha256-cbor)")
     p.add_argument("--tokenizer", metavar="DIR",
                    help="tokenize locally with the workers' tokenizer (default: ask the workers' "
                         "/tokenize)")
@@ -85,7 +90,7 @@ def build(args: argparse.Namespace):
     from radixkv.router.options import parse_router_options
     options = parse_router_options(args.router_option, [args.router]).get(args.router)
     routing = Routing(args.router, events=events, cost=cost, seed=args.seed,
-                      sent_ttl=args.approx_ttl, options=options)
+                      sent_ttl=args.approx_ttl, hash_algo=args.kv_hash, options=options)
     tokens = Tokens(args.tokenizer)
     return build_gateway_app(Gateway(args.worker_urls, routing, tokens,
                                      health_interval=args.health_interval,

@@ -13,12 +13,14 @@ import threading
 import time
 from typing import NamedTuple
 
+from radixkv.kvevents.hashes import check_route_hash
 from radixkv.kvevents.index import KVIndex
 from radixkv.kvevents.wire import AllBlocksCleared, EventBatch, KVEventBatch
 from radixkv.router import ROUTERS, RequestInfo, RouterContext, make_router
 from radixkv.router.base import StepCost
 from radixkv.router.inflight import InFlight
 from radixkv.gateway.feeds import EventFeed, SentFeed
+from radixkv.gateway.hash_check import HashCheck
 from radixkv.gateway.workers import Worker
 
 
@@ -30,15 +32,18 @@ class EventSource(NamedTuple):
 class Routing:
     def __init__(self, router: str, *, events: dict[str, EventSource] | None = None,
                  cost: StepCost | None = None, seed: int = 0, prefill_chunk: int = 8192,
-                 sent_ttl: float = 120.0, hash_algo: str = "sha256", options=None):
+                 sent_ttl: float = 120.0, hash_algo: str | None = None, options=None):
         if router not in ROUTERS:
             raise ValueError(f"--router {router!r} is unknown; known: {', '.join(ROUTERS.names())}")
         self.router_name, self.events = router, dict(events or {})
         self.cost, self.seed, self.prefill_chunk = cost, seed, prefill_chunk
-        self.sent_ttl, self.hash_algo, self.options = sent_ttl, hash_algo, options
+        # None: the hashes the workers say their events carry (radixkv's sha256 when none says)
+        self.sent_ttl, self.hash_given, self.options = sent_ttl, hash_algo, options
+        self.hash_algo = "sha256" if hash_algo is None else check_route_hash(hash_algo)
         self.lock = threading.RLock()
         self.workers: list[Worker] = []
         self.feeds: list = []
+        self.checks: list[HashCheck | None] = []
         self.indexes: list[KVIndex] = []          # what each worker holds, for the prediction:
         self._own: list[bool] = []                # the router's index, or the gateway's own
         self.router = None
@@ -58,6 +63,7 @@ class Routing:
                 raise ValueError(f"workers differ in page size ({sorted(sizes)}): a prefix "
                                  f"cached on one is hashed differently on another")
             self.page_size = sizes.pop() if sizes else 1
+            self.hash_algo = self._hash_of(workers)
             n = max(len(workers), 1)
             ctx = RouterContext(n, self.page_size, self.hash_algo, self.seed, self.cost,
                                 self.prefill_chunk, hash_memo=False)     # the caches are remote
@@ -68,6 +74,20 @@ class Routing:
             self.indexes = [KVIndex() if ix is None else ix for ix in held]
             self._seq = [0] * n
             self.feeds = [self._feed(i, w) for i, w in enumerate(workers)]
+            # each worker fed by events: whether its events hold what it is sent
+            self.checks = [HashCheck(w.url, f.endpoint) if isinstance(f, EventFeed) else None
+                           for w, f in zip(workers, self.feeds)]
+
+    def _hash_of(self, workers: list[Worker]) -> str:
+        """The page hashes to look prompts up by: the one given, else the one the workers say."""
+        if self.hash_given is not None:
+            return self.hash_given
+        schemes = {w.hash_scheme for w in workers if w.hash_scheme}
+        if len(schemes) > 1:
+            raise ValueError(f"workers' KV events carry different hashes ({sorted(schemes)}): "
+                             f"a prompt is looked up by one; run a fleet of one kind, or "
+                             f"name it with --kv-hash")
+        return schemes.pop() if schemes else "sha256"
 
     def _feed(self, i: int, w: Worker):
         def sink(batch: EventBatch, i=i, feeds_of=self.workers) -> None:
@@ -77,6 +97,12 @@ class Routing:
             src = self.events[w.url]
             return EventFeed(src.endpoint, src.replay, sink)
         return SentFeed(self.page_size, sink, self.sent_ttl)
+
+    def hash_counts(self) -> dict:
+        """Each worker fed by KV events: its url -> HashCounts (hash_check.py)."""
+        with self.lock:
+            return {w.url: c.counts() for w, c in zip(self.workers, self.checks)
+                    if c is not None}
 
     def feed_counts(self) -> dict:
         """Each worker fed by KV events: its url -> its feed's FeedCounts."""
@@ -137,15 +163,20 @@ class Routing:
         """The prompt tokens worker i holds by what the gateway knows (its events, or what it
         sent), in whole pages."""
         with self.lock:           # the router's hashes: the same page size and hash algorithm
-            return self.indexes[i].prefix_match(self.router.page_hashes(info)) * self.page_size
+            index, check = self.indexes[i], self.checks[i]
+            if check is not None:
+                check.check(index, time.monotonic(), self.feeds[i].counts().batches)
+            return index.prefix_match(self.router.page_hashes(info)) * self.page_size
 
     def sent(self, i: int, info: RequestInfo) -> None:
         with self.lock:
             self.router.on_route(i, info)
             self.inflight.sent(i, info)
-            feed = self.feeds[i]
+            feed, check = self.feeds[i], self.checks[i]
             if isinstance(feed, SentFeed):
                 feed.sent(info.tokens, self.router.page_hashes(info).all())
+            elif check is not None and len(info.tokens) >= self.page_size:
+                check.sent(self.router.page_hashes(info)[0], time.monotonic())
 
     def first_output(self, rid: str, now: float | None = None) -> None:
         """`rid`'s first token came back (at `now`, time.monotonic(): its TTFT is measured from

@@ -3,7 +3,8 @@ decision's time, healthy workers, the cached tokens it predicted against those t
 reported in `usage`, the TTFT it measured on streams, and (with a fitted TTFT) how the
 prediction tracks it and the fit's coefficients; per worker fed by KV events, the batches
 lost for good, repaired through replay, the gaps and resyncs (since its feed began: a fleet
-change starts the feeds afresh)."""
+change starts the feeds afresh), and the prompts sent whose first page its events then held or
+did not (a worker whose events never hold one carries other hashes: gateway/hash_check.py)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -25,6 +26,7 @@ class _FeedCollector:
 
     def __init__(self):
         self.counts: dict = {}                    # worker url -> FeedCounts
+        self.checks: dict = {}                    # worker url -> HashCounts
 
     def collect(self):
         for field, doc in _FEED:
@@ -36,6 +38,22 @@ class _FeedCollector:
                                 "buffered KV event history has been replayed", labels=["worker"])
         for url, c in sorted(self.counts.items()):
             fam.add_metric([url], float(c.caught_up))
+        yield fam
+        for field, doc in (("found", "Prompts sent whose first page the worker's KV events "
+                                     "then held"),
+                           ("missing", "Prompts sent whose first page its KV events did not "
+                                       "hold")):
+            fam = CounterMetricFamily(f"radixkv_route_kv_events_prompts_{field}", doc,
+                                      labels=["worker"])
+            for url, c in sorted(self.checks.items()):
+                fam.add_metric([url], getattr(c, field))
+            yield fam
+        fam = GaugeMetricFamily("radixkv_route_kv_events_hash_mismatch", "1 when none of the "
+                                "prompts checked showed up in the worker's KV events (other "
+                                "hashes, or no events): its predictions are all 0",
+                                labels=["worker"])
+        for url, c in sorted(self.checks.items()):
+            fam.add_metric([url], float(c.mismatch))
         yield fam
 
 
@@ -69,11 +87,15 @@ class GatewayMetrics:
         self._feeds = _FeedCollector()
         r.register(self._feeds)
 
-    def render(self, quality=None, feeds: dict | None = None) -> bytes:
+    def render(self, quality=None, feeds: dict | None = None,
+               checks: dict | None = None) -> bytes:
         """The exposition; `quality` (a ttft_fit.FitQuality) refreshes the fit's gauges, `feeds`
-        (worker url -> feeds.FeedCounts) the KV event counters."""
+        (worker url -> feeds.FeedCounts) the KV event counters, `checks` (worker url ->
+        hash_check.HashCounts) the prompts found in them."""
         if feeds is not None:
             self._feeds.counts = dict(feeds)
+        if checks is not None:
+            self._feeds.checks = dict(checks)
         if quality is not None:
             self.fit_seen.set(quality.observations)
             self.fit_error.labels("0.5").set(quality.median_abs_error)

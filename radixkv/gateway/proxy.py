@@ -350,7 +350,8 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return Response(gw.metrics.render(gw.routing.fit_quality(), gw.routing.feed_counts()),
+        return Response(gw.metrics.render(gw.routing.fit_quality(), gw.routing.feed_counts(),
+                                           gw.routing.hash_counts()),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/workers")

@@ -1,9 +1,10 @@
 """The gateway's workers: what it learns of each (the model from `/v1/models`; the page or block
-size and KV capacity from radixkv's `/server_info`, SGLang's `/get_server_info` or vLLM's
-`vllm:cache_config_info`), how loaded each is (SGLang's `/get_load` where the worker serves it,
-as radixkv's do, else its `/metrics`; read at most every `scrape_interval` seconds), and whether
-it is healthy (`/health`, checked every `health_interval`; `failures_to_leave` failures in a row
-take it out of the rotation, one success brings it back). Every request to a worker goes
+size, KV capacity and the hashes its KV events carry from radixkv's `/server_info`, SGLang's
+`/get_server_info` or vLLM's `vllm:cache_config_info`), how loaded each is (SGLang's
+`/get_load` where the worker serves it, as radixkv's do, else its `/metrics`; read at most
+every `scrape_interval` seconds), and whether it is healthy (`/health`, checked every
+`health_interval`; `failures_to_leave` failures in a row take it out of the rotation, one
+success brings it back). Every request to a worker goes
 through one aiohttp session; `WORKER_ERRORS` are what a worker that is down, unreachable or
 misnamed raises."""
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from radixkv.kvevents.vllm_hash import scheme_of
 from radixkv.promtext import parse_metrics
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class Worker:
     model: str | None = None
     page_size: int | None = None
     capacity: int = 0                         # KV slots (tokens); 0: unknown
+    hash_scheme: str | None = None            # its events' page hashes (ROUTE_HASHES); None: unknown
     healthy: bool = True
     failures: int = 0
     figures: dict = field(default_factory=dict)     # running, waiting, kv_used, kv_capacity
@@ -49,7 +52,8 @@ class Worker:
 
     def describe(self) -> dict:
         return {"url": self.url, "model": self.model, "page_size": self.page_size,
-                "kv_capacity": self.capacity, "healthy": self.healthy, "load_from": self.load_path,
+                "kv_hash": self.hash_scheme, "kv_capacity": self.capacity,
+                "healthy": self.healthy, "load_from": self.load_path,
                 **self.figures}
 
 
@@ -67,9 +71,9 @@ async def get(session: aiohttp.ClientSession, url: str, timeout: float | None = 
 
 
 async def discover(session: aiohttp.ClientSession, w: Worker) -> None:
-    """Fill in what `w` serves: its model, page size and KV capacity (what it does not say
-    stays unknown). A worker that does not answer raises one of WORKER_ERRORS; one that
-    answers /v1/models with an error or not in JSON, ValueError."""
+    """Fill in what `w` serves: its model, page size, KV capacity and the hashes of its KV
+    events (what it does not say stays unknown). A worker that does not answer raises one of
+    WORKER_ERRORS; one that answers /v1/models with an error or not in JSON, ValueError."""
     status, body = await get(session, f"{w.url}/v1/models")
     if status != 200:
         raise ValueError(f"{w.url}/v1/models answered HTTP {status}")
@@ -90,6 +94,7 @@ async def discover(session: aiohttp.ClientSession, w: Worker) -> None:
             info = json.loads(body)
             w.page_size = info.get("page_size") or w.page_size
             w.capacity = info.get("kv_capacity") or info.get("max_total_num_tokens") or w.capacity
+            w.hash_scheme = info.get("kv_hash") or w.hash_scheme       # radixkv's own
             if w.page_size:
                 return
     try:                                       # vLLM: the cache's configuration in /metrics
@@ -99,6 +104,7 @@ async def discover(session: aiohttp.ClientSession, w: Worker) -> None:
                 labels = fam.samples[0].labels
                 w.page_size = int(labels["block_size"])
                 w.capacity = int(labels["num_gpu_blocks"]) * w.page_size
+                w.hash_scheme = scheme_of(labels.get("prefix_caching_hash_algo", ""))
     except (*WORKER_ERRORS, ValueError, KeyError, IndexError):
         pass
 

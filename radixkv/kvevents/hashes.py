@@ -8,16 +8,27 @@ one token a page) is most of a fresh prompt's routing cost. `PageHashes` hashes 
 (_SPAN pages) as it is iterated or indexed: a fresh 4,000-token prompt at one token a page costs
 one span, not 4,000 pages, until something reads further. Whole aligned spans already hashed
 are remembered in both forms: a long shared prefix costs a lookup a span.
+
+The hashes are radixkv's (cache/events.py: what radixkv's caches emit) or, for a fleet of vLLM
+workers, vLLM's own (kvevents/vllm_hash.py): `ROUTE_HASHES` names both.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain, islice
 
-from radixkv.cache.events import chain_hashes, check_hash_algo, key_chain
+from radixkv.cache.events import EVENT_HASHES, chain_hashes, key_chain
 from radixkv.cache.key import RadixKey
 from radixkv.cache.sim_hash import SIM_HASH
-from radixkv.argcheck import positive_int
+from radixkv.argcheck import choice, positive_int
+from radixkv.kvevents import vllm_hash
+
+# the hashes a router can look prompts up by: radixkv's caches' and vLLM's
+ROUTE_HASHES = EVENT_HASHES + tuple(vllm_hash.VLLM_SCHEMES)
+
+
+def check_route_hash(name: str) -> str:
+    return choice(name, "hash", ROUTE_HASHES)
 
 # whole aligned spans of _SPAN pages already hashed (each page is also in the cache layer's
 # memo, radixkv.cache.events): a long shared prefix costs a lookup per span, not per page
@@ -31,7 +42,7 @@ class PageHashes(Sequence[int]):
     under `namespace` (extra_key, cache_salt), computed span by span as they are read; the
     arguments as `page_hashes` takes them. `len` is the number of whole pages (nothing is
     hashed for it); `done` how many are hashed so far; `extend_to(k)` hashes the first k."""
-    __slots__ = ("key", "_inner", "_ps", "_algo", "_memo", "_n", "_out")
+    __slots__ = ("key", "_inner", "_ps", "_algo", "_memo", "_n", "_out", "_digest")
 
     def __init__(self, tokens, namespace: tuple, page_size: int, algo: str = "sha256", *,
                  salt_first_only: bool = False, memo: bool = True):
@@ -40,7 +51,11 @@ class PageHashes(Sequence[int]):
                              f"{namespace!r}")
         self.key = tokens if isinstance(tokens, RadixKey) and tokens.namespace == namespace \
             else RadixKey(tokens, extra_key=namespace[0], cache_salt=namespace[1])
-        self._ps, self._algo = positive_int(page_size, "page_size"), check_hash_algo(algo)
+        self._ps, self._algo = positive_int(page_size, "page_size"), check_route_hash(algo)
+        if algo in vllm_hash.VLLM_SCHEMES and self.key.namespace[0] is not None:
+            raise ValueError(f"{algo} hashes take a cache_salt, not the extra key "
+                             f"{self.key.namespace[0]!r} (vLLM keys a LoRA by its name and path)")
+        self._digest: bytes | None = None       # vLLM's schemes: the last page's whole digest
         self._inner = (self.key.namespace[0], None) if salt_first_only else self.key.namespace
         self._memo = memo
         self._n = len(self.key) // self._ps
@@ -71,6 +86,15 @@ class PageHashes(Sequence[int]):
             out[:] = key_chain(key, self._inner, ps, algo)
             return
         i = len(out)
+        if algo in vllm_hash.VLLM_SCHEMES:    # chained on whole digests, sent as ints
+            stop = min(i + _SPAN, self._n)
+            ids = key.numpy()[i * ps:stop * ps].tolist()
+            digests = vllm_hash.chain(algo, self._digest, [ids[j:j + ps] for j in
+                                                           range(0, len(ids), ps)],
+                                      vllm_hash.first_extra(key.namespace[1]) if i == 0 else None)
+            self._digest = digests[-1]
+            out.extend(map(vllm_hash.to_int, digests))
+            return
         parent = out[-1] if i else None
         if i + _SPAN > self._n:
             out.extend(_chain(parent, key, self._inner, i, self._n, ps, algo, self._memo))

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
 
-from radixkv.cache.events import EventRun, KVEvent, check_hash_algo
+from radixkv.cache.events import EventRun, KVEvent
 from radixkv.cache.key import RadixKey
-from radixkv.kvevents.hashes import PageHashes
+from radixkv.kvevents.hashes import PageHashes, check_route_hash
 from radixkv.kvevents.wire import EventBatch
 from radixkv.registry import Registry
 from radixkv.argcheck import finite_time, int_at_least, positive_int
@@ -115,7 +115,7 @@ class RouterContext:
     def __post_init__(self):
         positive_int(self.num_replicas, "RouterContext.num_replicas")
         positive_int(self.page_size, "RouterContext.page_size")
-        check_hash_algo(self.hash_algo)
+        check_route_hash(self.hash_algo)
         int_at_least(self.seed, "RouterContext.seed", 0)
         positive_int(self.prefill_chunk, "RouterContext.prefill_chunk")
         if not isinstance(self.hash_memo, bool):

@@ -167,6 +167,7 @@ def build_server(opts: ServeOptions, cfg: EngineConfig, flags: dict | None = Non
         "version": __version__, "model": opts.name, "model_source": opts.model,
         "executor": ex.name, "max_model_len": max_len, "vocab_size": margs.vocab_size,
         "kv_capacity": cfg.kv_capacity, "cache": cfg.cache.label,
+        "kv_hash": cfg.cache.hash_algo,              # the page hashes its KV events carry
         "cache_enabled": cache_off is None, "cache_disabled_reason": cache_off,
         "chat_template": state.template.name,
         "tokenizer": {"kind": "huggingface" if tokenizer_path(opts) else "bytes",
