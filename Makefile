@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test test-slow test-fast lint typecheck load soak interop install bench peers clean
+.PHONY: run test test-slow test-fast lint typecheck load soak interop real-engine install bench peers clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -67,3 +67,9 @@ peers: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# vLLM's CPU build (exact pins) in a venv of its own under .peers/ and the tiny checkpoint it
+# serves, both kept between runs, then the tests that drive real vLLM workers of it
+real-engine: $(STAMP)
+	$(BIN)/python tests/realengine/install.py
+	$(BIN)/python -m pytest -q -m real_engine tests/realengine
