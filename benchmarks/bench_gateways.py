@@ -150,12 +150,21 @@ def session_cpu(sid: int) -> float:
     return total
 
 
+def reset_cache(url: str) -> None:
+    """Empty the worker's prefix cache; vLLM serves /reset_prefix_cache only in dev mode."""
+    r = httpx.post(f"{url}/reset_prefix_cache", timeout=30)
+    if r.status_code == 404:
+        raise SystemExit(f"{url}/reset_prefix_cache answered 404: a vLLM worker resets its "
+                         f"cache only when started with VLLM_SERVER_DEV_MODE=1")
+    r.raise_for_status()
+
+
 def measure(wl: Workload, mode: dict, gw_name: str, cmd: list[str], urls: list[str],
             latency: dict) -> dict:
     """One run of `wl` through the gateway `cmd` (started afresh, every worker's cache reset):
     its figures; the gateway's added latency is measured on its first run only."""
     for u in urls:
-        httpx.post(f"{u}/reset_prefix_cache", timeout=30).raise_for_status()
+        reset_cache(u)
     port = cmd[cmd.index("--port") + 1]
     base = f"http://127.0.0.1:{port}"
     before = done(urls)

@@ -1,7 +1,8 @@
 """What the gateway knows a worker holds.
 
 `EventFeed`: the worker's KV events (vLLM's current tagged-map encoding or the older positional
-one), read on a thread of its own from its ZMQ PUB socket, sequence gaps repaired through its
+one), read on a thread of its own from its ZMQ PUB socket (connecting to it, or binding the
+address where the publisher connects, as vLLM's does to a concrete tcp address), sequence gaps repaired through its
 replay socket when given, each batch handed to `sink(batch)` in order. A worker that restarts
 (its sequence starts again from 0) is followed from there, its old pages forgotten, and so is a
 loss no replay repairs (kvevents/index.py: the index resyncs). `counts()` says how many batches
@@ -53,9 +54,17 @@ class _Forwarding(KVIndex):
         super()._resync()
 
 
+def vllm_binds(endpoint: str) -> bool:
+    """Whether vLLM's publisher binds `endpoint` (a wildcard, ipc:// or inproc://) rather than
+    connecting to it (any other tcp address): where it connects, the subscriber binds."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 class EventFeed:
-    def __init__(self, endpoint: str, replay_endpoint: str | None, sink: Sink, topic: str = ""):
+    def __init__(self, endpoint: str, replay_endpoint: str | None, sink: Sink, topic: str = "",
+                 bind: bool = False):
         self.endpoint, self.replay_endpoint, self.topic = endpoint, replay_endpoint, topic
+        self.bind = bind                  # the publisher connects to `endpoint`: bind it
         self.sink = sink
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"kv-events {endpoint}")
@@ -75,7 +84,12 @@ class EventFeed:
         self.sink(batch)
 
     def _run(self) -> None:
-        index = _Forwarding.connect(self.endpoint, self.replay_endpoint, self.topic)
+        try:
+            index = _Forwarding.connect(self.endpoint, self.replay_endpoint, self.topic,
+                                        bind=self.bind)
+        except ValueError as e:               # the endpoint is taken: no event will come
+            log.error("KV events of %s: %s", self.endpoint, e)
+            return
         index.sink = self._count
         self._index = index
         try:

@@ -62,6 +62,8 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("radixkv_route_requests", "Requests sent, per worker", ["worker"],
                                 registry=r)
+        self.tokenized = Counter("radixkv_route_tokenize_requests", "Requests tokenized by "
+                                 "each worker's own endpoints", ["worker"], registry=r)
         self.retries = Counter("radixkv_route_retries", "Requests retried on another worker "
                                "after a failure before the first byte", registry=r)
         self.errors = Counter("radixkv_route_errors", "Requests that ended in a gateway error",

@@ -65,6 +65,7 @@ class Gateway:
         self.client_timeout = positive_number(client_timeout, "client_timeout")
         self.max_request_bytes = positive_int(max_request_bytes, "max_request_bytes")
         self.urls, self.routing, self.tokens = [u.rstrip("/") for u in urls], routing, tokens
+        self._tokenize_turn = itertools.count()       # whose turn it is to tokenize first
         self.health_interval, self.scrape_interval = health_interval, scrape_interval
         self.failures_to_leave = failures_to_leave
         self.timeout = timeout
@@ -260,19 +261,22 @@ class Gateway:
             closing=lambda: self.closing)
 
     async def _tokenize(self, body: dict, chat: bool) -> list[int] | Response:
-        """The request's token ids, from the first healthy worker that answers (one that
-        fails — refused, timed out, 5xx — is passed over: it may have died since its last
-        health check; a single one is asked twice); a worker's 4xx, or an error response when
-        none answers."""
+        """The request's token ids, from the healthy workers in turn (each request starts at
+        the next one, so the load is spread), the first that answers (one that fails —
+        refused, timed out, 5xx — is passed over: it may have died since its last health
+        check; a single one is asked twice); a worker's 4xx, or an error response when none
+        answers. A prompt of token ids, or a local tokenizer, asks no worker."""
         probes = [w for w in self.routing.workers if w.healthy]
         if not probes:
             self.metrics.errors.labels("no_worker").inc()
             return _error(503, "no healthy worker")
+        k = next(self._tokenize_turn) % len(probes)
+        probes = probes[k:] + probes[:k]
         if len(probes) == 1:            # a second try, as a request's retry (Routing.choose)
             probes *= 2
         for w in probes:
             try:
-                return await self.tokens.of(self.session, w.url, body, chat)
+                return await self.tokens.of(self.session, w.url, body, chat, self._asked)
             except TokenizeError as e:
                 if e.status < 500:
                     return Response(e.content, e.status, media_type=e.content_type)
@@ -282,6 +286,9 @@ class Gateway:
             log.warning("tokenizing on worker %s failed (%s)", w.url, failed)
         self.metrics.errors.labels("tokenize").inc()
         return _error(502, f"tokenizing failed on every healthy worker (last: {w.url}: {failed})")
+
+    def _asked(self, worker: str) -> None:
+        self.metrics.tokenized.labels(worker).inc()
 
     def _first(self, info: RequestInfo) -> None:
         now = time.monotonic()

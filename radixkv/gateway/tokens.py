@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import aiohttp
 from pydantic import ValidationError
@@ -31,8 +32,10 @@ class Tokens:
             self.tok = load_tokenizer(tokenizer_dir)
             self.template = ChatTemplate.for_model(self.tok, tokenizer_dir)
 
-    async def of(self, session: aiohttp.ClientSession, worker: str, body: dict, chat: bool
-                 ) -> list[int]:
+    async def of(self, session: aiohttp.ClientSession, worker: str, body: dict, chat: bool,
+                 asked: Callable[[str], None] | None = None) -> list[int]:
+        """The ids of `body` (a completion, or a chat when `chat`), from `worker` unless they
+        need no worker; `asked(worker)` is told each time the worker is asked."""
         if not chat:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
@@ -44,7 +47,7 @@ class Tokens:
                 except (TypeError, UnicodeEncodeError):  # a lone surrogate: the worker words
                     pass                                  # the refusal (a 400)
             return await self._remote(session, worker, "/tokenize",
-                                      {"model": body.get("model"), "prompt": prompt})
+                                      {"model": body.get("model"), "prompt": prompt}, asked)
         messages = body.get("messages")
         if self.template is not None and isinstance(messages, list):
             try:
@@ -56,14 +59,19 @@ class Tokens:
                 return await _local(sum(len(t) for _, t in turns), self.template.encode, turns)
         try:
             return await self._remote(session, worker, "/tokenize",
-                                      {"model": body.get("model"), "messages": messages})
+                                      {"model": body.get("model"), "messages": messages}, asked)
         except TokenizeError as e:
             if e.status != 404:
                 raise
+        if asked is not None:
+            asked(worker)
         got = await self._post(session, f"{worker}/v1/chat/completions/render", body)
         return got["token_ids"]
 
-    async def _remote(self, session, worker: str, path: str, body: dict) -> list[int]:
+    async def _remote(self, session, worker: str, path: str, body: dict,
+                      asked: Callable[[str], None] | None) -> list[int]:
+        if asked is not None:
+            asked(worker)
         return (await self._post(session, f"{worker}{path}", body))["tokens"]
 
     @staticmethod

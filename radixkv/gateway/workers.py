@@ -44,6 +44,7 @@ class Worker:
     page_size: int | None = None
     capacity: int = 0                         # KV slots (tokens); 0: unknown
     hash_scheme: str | None = None            # its events' page hashes (ROUTE_HASHES); None: unknown
+    engine: str | None = None                 # radixkv | sglang | vllm, by what it answered
     healthy: bool = True
     failures: int = 0
     figures: dict = field(default_factory=dict)     # running, waiting, kv_used, kv_capacity
@@ -52,7 +53,7 @@ class Worker:
 
     def describe(self) -> dict:
         return {"url": self.url, "model": self.model, "page_size": self.page_size,
-                "kv_hash": self.hash_scheme, "kv_capacity": self.capacity,
+                "engine": self.engine, "kv_hash": self.hash_scheme, "kv_capacity": self.capacity,
                 "healthy": self.healthy, "load_from": self.load_path,
                 **self.figures}
 
@@ -92,6 +93,7 @@ async def discover(session: aiohttp.ClientSession, w: Worker) -> None:
             continue
         if status == 200:
             info = json.loads(body)
+            w.engine = "radixkv" if path == "/server_info" else "sglang"
             w.page_size = info.get("page_size") or w.page_size
             w.capacity = info.get("kv_capacity") or info.get("max_total_num_tokens") or w.capacity
             w.hash_scheme = info.get("kv_hash") or w.hash_scheme       # radixkv's own
@@ -102,6 +104,7 @@ async def discover(session: aiohttp.ClientSession, w: Worker) -> None:
         for fam in text_string_to_metric_families(body.decode()):
             if fam.name == "vllm:cache_config_info":
                 labels = fam.samples[0].labels
+                w.engine = "vllm"
                 w.page_size = int(labels["block_size"])
                 w.capacity = int(labels["num_gpu_blocks"]) * w.page_size
                 w.hash_scheme = scheme_of(labels.get("prefix_caching_hash_algo", ""))

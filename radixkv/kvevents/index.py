@@ -197,15 +197,26 @@ class KVIndex:
 
     # ---- the network part -------------------------------------------------------------------
     @classmethod
-    def connect(cls, endpoint: str, replay_endpoint: str | None = None, topic: str = "") -> KVIndex:
+    def connect(cls, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
+                bind: bool = False) -> KVIndex:
         """An index subscribed to `endpoint` (the publisher's PUB socket) for `topic`, repairing
-        gaps through `replay_endpoint` (its ROUTER socket) when given."""
+        gaps through `replay_endpoint` (its ROUTER socket) when given. `bind`: the publisher
+        connects to `endpoint` (as vLLM's does to a concrete tcp address), so bind it here;
+        ValueError naming it when it cannot be bound."""
         index = cls()
         ctx = zmq.Context.instance()
         index._sub = ctx.socket(zmq.SUB)
         index._sub.setsockopt(zmq.LINGER, 0)
         index._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        index._sub.connect(endpoint)
+        if bind:
+            try:
+                index._sub.bind(endpoint)
+            except zmq.ZMQError as e:
+                index._sub.close(linger=0)
+                raise ValueError(f"cannot bind the KV events endpoint {endpoint!r} the "
+                                 f"publisher connects to: {e}") from None
+        else:
+            index._sub.connect(endpoint)
         index._replay_endpoint = replay_endpoint
         if replay_endpoint is not None:
             index._open_replay()

@@ -5,9 +5,10 @@ an open assistant block at the end:
 
     <|system|>\\n{content}\\n<|user|>\\n{content}\\n<|assistant|>\\n
 
-preceded by the BOS token. A checkpoint directory whose tokenizer_config.json carries a Jinja
-`chat_template` uses that template instead (rendered with `messages`, `bos_token`,
-`eos_token` and `add_generation_prompt=True`), as vLLM and SGLang do.
+preceded by the BOS token. A checkpoint directory with a Jinja chat template uses it instead
+(rendered with `messages`, `bos_token`, `eos_token` and `add_generation_prompt=True`), as vLLM
+and SGLang do: its `chat_template.jinja` (where transformers 5 writes it), else the
+`chat_template` of its tokenizer_config.json.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 PLAIN_TEMPLATE = "<|{role}|>\n{content}\n"
+JINJA_FILE = "chat_template.jinja"         # a checkpoint's template, as transformers 5 saves it
 
 
 class ChatTemplate:
@@ -33,19 +35,23 @@ class ChatTemplate:
     @classmethod
     def for_model(cls, tokenizer, model_dir: str | None) -> "ChatTemplate":
         """The checkpoint's own template when it has one, else the plain one."""
-        cfg = Path(model_dir or "") / "tokenizer_config.json"
-        if model_dir is not None and cfg.is_file():
+        if model_dir is None:
+            return cls(tokenizer)
+        cfg, jinja = Path(model_dir) / "tokenizer_config.json", Path(model_dir) / JINJA_FILE
+        obj: dict = {}
+        if cfg.is_file():
             try:
                 obj = json.loads(cfg.read_text(encoding="utf-8"))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{cfg}: malformed JSON ({e})") from None
-            src = obj.get("chat_template")
-            if isinstance(src, str):
-                def tok(name):
-                    v = obj.get(name) or ""
-                    return v.get("content", "") if isinstance(v, dict) else v
-                return cls(tokenizer, src, tok("bos_token"), tok("eos_token"))
-        return cls(tokenizer)
+        src = jinja.read_text(encoding="utf-8") if jinja.is_file() else obj.get("chat_template")
+        if not isinstance(src, str):
+            return cls(tokenizer)
+
+        def tok(name):
+            v = obj.get(name) or ""
+            return v.get("content", "") if isinstance(v, dict) else v
+        return cls(tokenizer, src, tok("bos_token"), tok("eos_token"))
 
     @property
     def name(self) -> str:

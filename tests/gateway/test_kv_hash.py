@@ -13,7 +13,7 @@ from fastapi.responses import PlainTextResponse
 
 from radixkv.cli import main
 from radixkv.gateway import hash_check
-from radixkv.gateway.core import Routing
+from radixkv.gateway.core import EventSource, Routing
 from radixkv.gateway.hash_check import WARN_AFTER, HashCheck
 from radixkv.gateway.workers import Worker
 from radixkv.kvevents import vllm_hash
@@ -128,3 +128,43 @@ def test_bad_kv_hash_is_one_line(capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert "argument --kv-hash: invalid choice: 'md5' (choose from 'sha256', " in err
+
+
+def test_a_vllm_publisher_that_connects_is_subscribed_by_binding(tmp_path):
+    # regression: with vLLM's publisher on tcp://127.0.0.1:P (where vLLM connects) the gateway
+    # connected too, and nothing flowed, with no error
+    import socket
+
+    import zmq
+
+    from radixkv.kvevents.wire import BlockStored, encode_batch
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"tcp://127.0.0.1:{port}"
+    hashes = vllm_hash.block_hashes(PROMPT, 32)
+    payload = encode_batch(time.time(), [BlockStored(hashes, None, PROMPT, 32, None, "GPU")])
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(endpoint)                                  # as vLLM's publisher does
+    try:
+        with ServerThread(fake_vllm("sha256")) as wurl, \
+                gateway([wurl], "llm-d-precise", {wurl: EventSource(endpoint)}) as (url, gw):
+            (w,) = httpx.get(f"{url}/workers").json()["workers"]
+            assert w["engine"] == "vllm" and gw.routing.feeds[0].bind
+            info = RequestInfo("r", PROMPT, (None, None))
+            deadline, seq = time.monotonic() + 10, 0
+            while gw.routing.predicted(0, info) == 0 and time.monotonic() < deadline:
+                pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
+                seq += 1
+                time.sleep(0.1)
+            assert gw.routing.predicted(0, info) == 64        # both blocks, found by vLLM's hashes
+    finally:
+        pub.close()
+
+
+def test_a_radixkv_worker_binds_and_is_connected_to():
+    with fleet(1) as ws, gateway([u for u, _ in ws], "llm-d-precise", sources(ws)) as (url, gw):
+        (w,) = httpx.get(f"{url}/workers").json()["workers"]
+        assert (w["engine"], w["kv_hash"], gw.routing.feeds[0].bind) == ("radixkv", "sha256",
+                                                                        False)

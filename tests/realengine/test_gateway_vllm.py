@@ -16,7 +16,7 @@ from radixkv.gateway.tokens import Tokens
 from radixkv.server.launch import ServerThread
 from radixkv.sim.costmodel import CostModel
 from tests.realengine.events import AllBlocksCleared, BlockRemoved, BlockStored, Subscriber
-from tests.realengine.workers import SERVED_NAME, TOPIC, VllmWorkers
+from tests.realengine.workers import MODEL, SERVED_NAME, TOPIC, VllmWorkers
 
 VOCAB = 8000
 PREAMBLES, PREAMBLE_LEN, QUESTION_LEN = 4, 320, 40      # ten blocks a preamble
@@ -103,3 +103,24 @@ def test_the_gateway_sees_what_vllm_holds_and_predicts_what_it_reports(two_worke
         assert abs(predicted - reported) <= 0.05 * reported, (predicted, reported)
         assert metric(url, "radixkv_route_kv_events_hash_mismatch") == 0
         assert metric(url, "radixkv_route_kv_events_prompts_found_total") > 0
+
+
+CHATS = [[{"role": "user", "content": "Hello world, the prefix cache block."}],
+         [{"role": "system", "content": "Answer briefly."},
+          {"role": "user", "content": "What is a radix tree? Say it in one line, please."}]]
+TEXTS = ["Hello world, the prefix cache block.", "a " * 300 + "question 12345?"]
+
+
+def test_the_gateways_own_tokenizer_gives_the_ids_vllm_runs(two_workers):
+    ws, _ = two_workers
+    tokens = Tokens(str(MODEL))
+    assert tokens.template.name == "checkpoint"          # chat_template.jinja, as vLLM reads it
+    for msgs in CHATS:
+        want = httpx.post(f"{ws[0].url}/tokenize",
+                          json={"model": SERVED_NAME, "messages": msgs}).json()["tokens"]
+        got = tokens.template.encode([(m["role"], m["content"]) for m in msgs])
+        assert got == want
+    for text in TEXTS:
+        want = httpx.post(f"{ws[0].url}/tokenize",
+                          json={"model": SERVED_NAME, "prompt": text}).json()["tokens"]
+        assert tokens.tok.encode(text, add_bos=True) == want
