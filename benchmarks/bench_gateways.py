@@ -87,15 +87,16 @@ def gateways(urls: list[str], events: dict[str, str], port: int, tokenizer: str
 
 
 def done(urls: list[str]) -> list[int]:
+    """Requests each worker finished, over its series (vLLM keeps one per finish reason)."""
     out = []
     for u in urls:
-        for line in httpx.get(f"{u}/metrics", timeout=10).text.splitlines():
-            if line.startswith("vllm:request_success_total"):
-                out.append(int(float(line.rsplit(" ", 1)[1])))
+        lines = httpx.get(f"{u}/metrics", timeout=10).text.splitlines()
+        out.append(int(sum(float(ln.rsplit(" ", 1)[1]) for ln in lines
+                           if ln.startswith("vllm:request_success_total"))))
     return out
 
 
-def added_latency(gateway: str, worker: str, n: int = 40) -> float:
+def added_latency(gateway: str, worker: str, n: int = 40, model: str = MODEL) -> float:
     """p50 of one-token requests through `gateway` minus directly to `worker` (the mean of the
     direct p50 before and after), in ms, after a warm-up of each (connections, first routes)."""
     def p50(url: str) -> float:
@@ -103,7 +104,7 @@ def added_latency(gateway: str, worker: str, n: int = 40) -> float:
         with httpx.Client(base_url=url, timeout=30) as c:
             for i in range(n):
                 t0 = time.perf_counter()
-                c.post("/v1/completions", json={"model": MODEL, "prompt": f"hello {i}",
+                c.post("/v1/completions", json={"model": model, "prompt": f"hello {i}",
                                                 "max_tokens": 1}).raise_for_status()
                 times.append(time.perf_counter() - t0)
         return statistics.median(times) * 1e3
@@ -159,27 +160,42 @@ def reset_cache(url: str) -> None:
     r.raise_for_status()
 
 
+def prefix_counters(urls: list[str]) -> tuple[float, float]:
+    """(prefix-cache hit tokens, queried tokens) summed over the workers' own /metrics."""
+    hits = queries = 0.0
+    for u in urls:
+        for line in httpx.get(f"{u}/metrics", timeout=10).text.splitlines():
+            if line.startswith("vllm:prefix_cache_hits_total"):
+                hits += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("vllm:prefix_cache_queries_total"):
+                queries += float(line.rsplit(" ", 1)[1])
+    return hits, queries
+
+
 def measure(wl: Workload, mode: dict, gw_name: str, cmd: list[str], urls: list[str],
-            latency: dict) -> dict:
+            latency: dict, model: str = MODEL) -> dict:
     """One run of `wl` through the gateway `cmd` (started afresh, every worker's cache reset):
-    its figures; the gateway's added latency is measured on its first run only."""
+    its figures; the gateway's added latency is measured on its first run only. The cached
+    share is the clients' (their usage), `engine_cached_share` the workers' own counters'."""
     for u in urls:
         reset_cache(u)
     port = cmd[cmd.index("--port") + 1]
     base = f"http://127.0.0.1:{port}"
-    before = done(urls)
+    before, counted = done(urls), prefix_counters(urls)
     with running(cmd, f"{base}/health", Path("/tmp") / f"gw-{port}.log") as proc:
         settle(base)                              # subscriptions in place, history replayed
         cpu0 = session_cpu(proc.pid)
-        res = run_benchmark(wl, BenchConfig(base, model=MODEL, timeout=300, text=True, **mode))
+        res = run_benchmark(wl, BenchConfig(base, model=model, timeout=300, text=True, **mode))
         cpu = session_cpu(proc.pid) - cpu0
         per_worker = [a - b for a, b in zip(done(urls), before)]
+        hits, queries = (a - b for a, b in zip(prefix_counters(urls), counted))
         fit = httpx.get(f"{base}/workers").json().get("ttft_fit") \
             if gw_name.startswith("radixkv route") else None
         if gw_name not in latency:
-            latency[gw_name] = added_latency(base, urls[0])
+            latency[gw_name] = added_latency(base, urls[0], model=model)
     s = res.summary
-    return {"cached_share": s["cached_token_rate"], "ttft_p50": s["ttft_p50"],
+    return {"cached_share": s["cached_token_rate"],
+            "engine_cached_share": hits / queries if queries else 0.0, "ttft_p50": s["ttft_p50"],
             "ttft_p99": s["ttft_p99"], "e2e_p99": s["e2e_p99"],
             "req_s": s["request_throughput_req_s"], "errors": s["errors"],
             "completed": f"{s['completed']}/{s['requests']}", "per_worker": per_worker,

@@ -27,6 +27,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kv-events", action="append", default=[], metavar="URL=tcp://H:P[,tcp://H:P]",
                    help="a worker's KV event PUB socket and, optionally, its replay socket "
                         "(repeatable; vLLM's current or older encoding)")
+    p.add_argument("--kv-events-bind", action="append", default=[],
+                   metavar="URL=tcp://H:P[,tcp://H:P]",
+                   help="as --kv-events, for a worker whose publisher connects to that address "
+                        "(vLLM's, given a concrete tcp endpoint such as tcp://127.0.0.1:5557): "
+                        "the gateway binds it (repeatable)")
     p.add_argument("--kv-hash", choices=ROUTE_HASHES, metavar="NAME",
                    help=f"the page hashes the workers' KV events carry ({', '.join(ROUTE_HASHES)}; "
                         f"default: what each worker says: radixkv's /server_info, vLLM's "
@@ -66,12 +71,15 @@ def build(args: argparse.Namespace):
     from radixkv.gateway.tokens import Tokens
 
     events = {}
-    for spec in args.kv_events:
-        url, sep, where = spec.partition("=")
-        if not sep or url.rstrip("/") not in [u.rstrip("/") for u in args.worker_urls]:
-            raise ValueError(f"--kv-events {spec!r}: expected URL=tcp://HOST:PORT with URL one of "
-                             f"--worker-urls")
-        events[url.rstrip("/")] = parse_events_value(where)
+    for flag, specs in (("--kv-events", args.kv_events), ("--kv-events-bind", args.kv_events_bind)):
+        for spec in specs:
+            url, sep, where = spec.partition("=")
+            if not sep or url.rstrip("/") not in [u.rstrip("/") for u in args.worker_urls]:
+                raise ValueError(f"{flag} {spec!r}: expected URL=tcp://HOST:PORT with URL one "
+                                 f"of --worker-urls")
+            if url.rstrip("/") in events:
+                raise ValueError(f"{flag} {spec!r}: worker {url} has KV events already")
+            events[url.rstrip("/")] = parse_events_value(where, flag == "--kv-events-bind")
     if not args.approx_ttl > 0:
         raise ValueError(f"--approx-ttl {args.approx_ttl!r} is not a positive number of seconds")
     cost = None

@@ -19,7 +19,7 @@ from radixkv.kvevents.wire import AllBlocksCleared, EventBatch, KVEventBatch
 from radixkv.router import ROUTERS, RequestInfo, RouterContext, make_router
 from radixkv.router.base import StepCost
 from radixkv.router.inflight import InFlight
-from radixkv.gateway.feeds import EventFeed, SentFeed, vllm_binds
+from radixkv.gateway.feeds import EventFeed, SentFeed
 from radixkv.gateway.hash_check import HashCheck
 from radixkv.gateway.workers import Worker
 
@@ -27,6 +27,7 @@ from radixkv.gateway.workers import Worker
 class EventSource(NamedTuple):
     endpoint: str
     replay: str | None = None
+    bind: bool = False            # the publisher connects to `endpoint` (vLLM's to a tcp host)
 
 
 class Routing:
@@ -95,9 +96,7 @@ class Routing:
                 self.on_events(i, batch)
         if w.url in self.events:
             src = self.events[w.url]
-            # a vLLM worker connects to a concrete tcp endpoint (radixkv's bind every one)
-            bind = w.engine == "vllm" and not vllm_binds(src.endpoint)
-            return EventFeed(src.endpoint, src.replay, sink, bind=bind)
+            return EventFeed(src.endpoint, src.replay, sink, bind=src.bind)
         return SentFeed(self.page_size, sink, self.sent_ttl)
 
     def hash_counts(self) -> dict:

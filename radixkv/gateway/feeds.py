@@ -54,12 +54,6 @@ class _Forwarding(KVIndex):
         super()._resync()
 
 
-def vllm_binds(endpoint: str) -> bool:
-    """Whether vLLM's publisher binds `endpoint` (a wildcard, ipc:// or inproc://) rather than
-    connecting to it (any other tcp address): where it connects, the subscriber binds."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
-
-
 class EventFeed:
     def __init__(self, endpoint: str, replay_endpoint: str | None, sink: Sink, topic: str = "",
                  bind: bool = False):

@@ -4,8 +4,8 @@ A worker fed by KV events stores every prompt it prefills, so the first page of 
 to it shows up in its events soon after. When none of the prompts the gateway checks ever
 does, the gateway is looking prompts up by other hashes than the worker's events carry (a
 vLLM worker hashed as radixkv hashes, a PYTHONHASHSEED the gateway does not know), or no event
-reaches it at all (vLLM's publisher connects to a loopback tcp endpoint the gateway must then
-bind): every prediction is 0 and events only make routing worse. `HashCheck` counts the checked
+reaches it at all (vLLM's publisher connects to a concrete tcp endpoint, which the gateway must
+then bind: `--kv-events-bind`): every prediction is 0 and events only make routing worse. `HashCheck` counts the checked
 prompts found and missing and says so once, in the log and on /metrics.
 """
 from __future__ import annotations
@@ -51,8 +51,9 @@ class HashCheck:
             self._warned = True
             if batches == 0:
                 log.warning("no KV event has arrived from %s at %s after %d prompts: a vLLM "
-                            "worker given a loopback tcp endpoint connects to it (bind it: "
-                            "tcp://*:PORT on the worker), or the worker publishes nothing",
+                            "worker given a concrete tcp endpoint connects to it (give it with "
+                            "--kv-events-bind, or tcp://*:PORT or ipc:// to the worker), or "
+                            "the worker publishes nothing",
                             self.url, self.endpoint, self.missing)
             else:
                 log.warning("none of %d prompts sent to %s showed up in its KV events: they "

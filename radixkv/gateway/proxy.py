@@ -397,9 +397,10 @@ def build_gateway_app(gw: Gateway) -> FastAPI:
     return app
 
 
-def parse_events_value(text: str) -> EventSource:
-    """`tcp://H:P` or `tcp://H:P,tcp://H:P` (the PUB socket, then the replay socket)."""
+def parse_events_value(text: str, bind: bool = False) -> EventSource:
+    """`tcp://H:P` or `tcp://H:P,tcp://H:P` (the PUB socket, then the replay socket); `bind`:
+    the publisher connects to the PUB address, so the gateway binds it."""
     parts = [p.strip() for p in str(text).split(",") if p.strip()]
     if not 1 <= len(parts) <= 2 or not all(p.startswith(("tcp://", "ipc://")) for p in parts):
         raise ValueError(f"KV events {text!r}: expected tcp://HOST:PORT[,tcp://HOST:PORT]")
-    return EventSource(parts[0], parts[1] if len(parts) == 2 else None)
+    return EventSource(parts[0], parts[1] if len(parts) == 2 else None, bind)

@@ -132,7 +132,7 @@ def test_bad_kv_hash_is_one_line(capsys):
 
 def test_a_vllm_publisher_that_connects_is_subscribed_by_binding(tmp_path):
     # regression: with vLLM's publisher on tcp://127.0.0.1:P (where vLLM connects) the gateway
-    # connected too, and nothing flowed, with no error
+    # connected too, and nothing flowed, with no error: --kv-events-bind binds it
     import socket
 
     import zmq
@@ -149,7 +149,8 @@ def test_a_vllm_publisher_that_connects_is_subscribed_by_binding(tmp_path):
     pub.connect(endpoint)                                  # as vLLM's publisher does
     try:
         with ServerThread(fake_vllm("sha256")) as wurl, \
-                gateway([wurl], "llm-d-precise", {wurl: EventSource(endpoint)}) as (url, gw):
+                gateway([wurl], "llm-d-precise",
+                        {wurl: EventSource(endpoint, bind=True)}) as (url, gw):
             (w,) = httpx.get(f"{url}/workers").json()["workers"]
             assert w["engine"] == "vllm" and gw.routing.feeds[0].bind
             info = RequestInfo("r", PROMPT, (None, None))
@@ -168,3 +169,19 @@ def test_a_radixkv_worker_binds_and_is_connected_to():
         (w,) = httpx.get(f"{url}/workers").json()["workers"]
         assert (w["engine"], w["kv_hash"], gw.routing.feeds[0].bind) == ("radixkv", "sha256",
                                                                         False)
+
+
+def test_kv_events_bind_is_told_from_kv_events_and_a_worker_takes_one(capsys):
+    from radixkv.cli import build_parser
+    from radixkv.commands.route import build
+    a, b = "http://127.0.0.1:1", "http://127.0.0.1:2"
+    args = build_parser().parse_args(
+        ["route", "--worker-urls", a, b, "--router", "round-robin",
+         "--kv-events", f"{a}=tcp://127.0.0.1:5", "--kv-events-bind",
+         f"{b}=tcp://127.0.0.1:6,tcp://127.0.0.1:7"])
+    events = build(args).state.gateway.routing.events
+    assert events == {a: EventSource("tcp://127.0.0.1:5", None, False),
+                      b: EventSource("tcp://127.0.0.1:6", "tcp://127.0.0.1:7", True)}
+    assert main(["route", "--worker-urls", a, "--router", "round-robin", "--kv-events",
+                 f"{a}=tcp://127.0.0.1:5", "--kv-events-bind", f"{a}=tcp://127.0.0.1:6"]) == 2
+    assert f"worker {a} has KV events already" in capsys.readouterr().err

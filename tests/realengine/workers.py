@@ -152,7 +152,7 @@ def _free_ports(n: int) -> list[int]:
         return [s.getsockname()[1] for s in socks]
 
 
-def _env(core: int) -> dict[str, str]:
+def _env(core: int, dev_mode: bool) -> dict[str, str]:
     env = dict(os.environ)
     # the engine's venv sees only its own packages; VLLM_CPU_KVCACHE_SPACE would override
     # --kv-cache-memory-bytes
@@ -165,6 +165,8 @@ def _env(core: int) -> dict[str, str]:
         # an explicit core: with `auto` vLLM keeps a core of the two for the API server
         VLLM_CPU_OMP_THREADS_BIND=str(core),
     )
+    if dev_mode:                           # /reset_prefix_cache is served only in dev mode
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     return env
 
 
@@ -237,10 +239,13 @@ def _wait_ready(workers: list[Worker], started: float, timeout: float) -> None:
 def VllmWorkers(n: int, *, kv_tokens: int = 8192, block_size: int = BLOCK_SIZE,
                 cpus: Sequence[int] | None = None, events: bool = True,
                 extra_args: Sequence[str] = (), log_dir: Path | None = None,
-                startup_timeout: float = 240.0, grace: float = 20.0) -> Iterator[list[Worker]]:
+                startup_timeout: float = 240.0, grace: float = 20.0,
+                dev_mode: bool = False, events_tcp: bool = False) -> Iterator[list[Worker]]:
     """n `vllm serve` workers of the tiny checkpoint, ready (their /health answers 200), each
     with a KV pool of `kv_tokens` tokens; worker i runs on core cpus[i % len(cpus)] (by
-    default the cores this process may use). Started at once; all stopped on the way out."""
+    default the cores this process may use). Started at once; all stopped on the way out.
+    `dev_mode`: VLLM_SERVER_DEV_MODE=1, so /reset_prefix_cache is served; `events_tcp`: the
+    events on a tcp port of every interface rather than ipc:// (for tcp-only subscribers)."""
     if n < 1:
         raise ValueError(f"n must be at least 1, not {n}")
     if block_size <= 0 or block_size % BLOCK_SIZE:
@@ -262,20 +267,25 @@ def VllmWorkers(n: int, *, kv_tokens: int = 8192, block_size: int = BLOCK_SIZE,
         raise ValueError(f"cpus must name at least one core, not {cpus!r}")
     logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="vllm-workers-"))
     logs.mkdir(parents=True, exist_ok=True)
-    ports = _free_ports(2 * n)
+    ports = _free_ports(3 * n)
     workers: list[Worker] = []
     started = time.monotonic()
     try:
         for i in range(n):
-            port, replay = ports[2 * i: 2 * i + 2]
+            port, replay, pub = ports[3 * i: 3 * i + 3]
             core = cores[i % len(cores)]
             log = logs / f"vllm-{i}-{port}.log"
-            ends = (f"ipc://{logs / f'kv-{i}-{port}.pub'}", f"tcp://127.0.0.1:{replay}")
+            # events_tcp: on tcp://*:PORT (every interface: vLLM binds tcp only on a wildcard),
+            # for subscribers that take tcp alone (vllm-router's kv_aware); else ipc://
+            bound = f"tcp://*:{pub}" if events_tcp else f"ipc://{logs / f'kv-{i}-{port}.pub'}"
+            ends = (bound.replace("*", "127.0.0.1"), f"tcp://127.0.0.1:{replay}")
             cmd = ["taskset", "-c", str(core),
-                   *_command(port, kv_tokens, block_size, ends if events else None, extra_args)]
+                   *_command(port, kv_tokens, block_size,
+                             (bound, ends[1]) if events else None, extra_args)]
             with open(log, "w") as out:
                 # a session of its own: its process group is the worker and all it spawns
-                proc = subprocess.Popen(cmd, env=_env(core), cwd=ROOT, stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(cmd, env=_env(core, dev_mode), cwd=ROOT,
+                                        stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True)
             workers.append(Worker(
