@@ -124,3 +124,30 @@ def test_the_gateways_own_tokenizer_gives_the_ids_vllm_runs(two_workers):
         want = httpx.post(f"{ws[0].url}/tokenize",
                           json={"model": SERVED_NAME, "prompt": text}).json()["tokens"]
         assert tokens.tok.encode(text, add_bos=True) == want
+
+
+def test_a_gateway_started_late_replays_what_it_missed(two_workers):
+    # the event stream cut at the start: everything published before the gateway subscribed
+    # comes back through each worker's replay socket
+    ws, subs = two_workers
+    with httpx.Client(timeout=120) as c:
+        for k, w in enumerate(ws):                          # traffic nobody routes
+            for i in range(3):
+                r = c.post(f"{w.url}/v1/completions",
+                           json={"model": SERVED_NAME, "max_tokens": 1,
+                                 "prompt": [100 + k, 200 + i] + list(range(300, 400))})
+                assert r.status_code == 200, r.text
+    routing = Routing("llm-d-precise", events={w.url: EventSource(w.events, w.replay) for w in ws})
+    gw = Gateway([w.url for w in ws], routing, Tokens(None))
+    with ServerThread(build_gateway_app(gw)) as url:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+                all(c.caught_up for c in routing.feed_counts().values())
+                and all(routing.indexes[i].hashes() == held(s) for i, s in enumerate(subs))):
+            time.sleep(0.2)
+        counts = routing.feed_counts()
+        assert all(c.caught_up and c.missed == 0 for c in counts.values()), counts
+        for i, s in enumerate(subs):
+            assert routing.indexes[i].hashes() == held(s), f"worker {i}"
+        assert sum(c.replayed for c in counts.values()) > 0
+        assert metric(url, "radixkv_route_kv_events_replayed_total") > 0
