@@ -168,6 +168,30 @@ class Gateway:
 
     # ---- a request ----------------------------------------------------------------------------
     async def generate(self, raw: HTTPRequest, path: str, chat: bool):
+        parsed = await self._request(raw, chat)
+        if isinstance(parsed, Response):
+            return parsed
+        content, body, info = parsed
+        headers = {k: v for k, v in raw.headers.items() if k.lower() in PASSED_HEADERS}
+        headers["content-type"] = "application/json"
+        sent = await self._send(info, lambda w: self.upstream.post(f"{w.url}{path}", content,
+                                                                   headers))
+        if isinstance(sent, Response):
+            return sent
+        resp, w = sent
+        if resp.status >= 400 or not body.get("stream"):
+            return await self._whole(resp, info, w)
+        self.relays.add(resp)
+        return BridgedResponse(
+            resp, timeout=self.client_timeout, on_first=lambda: self._first(info),
+            on_end=lambda tail, failure: self._ended(resp, info, w.url, tail, failure),
+            closing=lambda: self.closing)
+
+    async def _request(self, raw: HTTPRequest, chat: bool
+                       ) -> tuple[bytes, dict, RequestInfo] | Response:
+        """(the body as it came, parsed, the request as the router sees it), or the error
+        response for a body that is not a JSON object, a prompt that does not tokenize or is
+        empty, or a token id no page hash can take."""
         try:
             content = await raw.body()     # forwarded as it came: NaN, lone surrogates and all
             body = json.loads(content)
@@ -189,37 +213,24 @@ class Gateway:
                            body.get("user"), time.monotonic(),
                            limit if type(limit) is int and limit > 0 else      # not a bool
                            DEFAULT_MAX_TOKENS[chat])
-        headers = {k: v for k, v in raw.headers.items() if k.lower() in PASSED_HEADERS}
-        headers["content-type"] = "application/json"
+        return content, body, info
+
+    async def _send(self, info: RequestInfo, send) -> tuple[aiohttp.ClientResponse, Worker] \
+            | Response:
+        """Route `info` and `send(worker)` it: (the worker's response, the worker), retried
+        once on the next best worker when the first fails before its first byte (refused,
+        reset, 5xx); an error response when no worker is left or both failed."""
         tried: set[int] = set()
         retries = 0
-        send = lambda w: self.upstream.post(f"{w.url}{path}", content, headers)  # noqa: E731
         while True:
-            t0 = time.perf_counter()
-            if len(tokens) > INLINE_TOKENS:
-                placed = await asyncio.to_thread(self.routing.place, info, frozenset(tried))
-                decided = time.perf_counter()
-                if placed is not None:
-                    i, w, predicted = placed
-                    sending = send(w)
-            else:
-                # one hold of the lock, so no event batch or other request comes between the
-                # choice and its record; on a kept-alive connection the request is written in
-                # between, and the worker reads it while the gateway records it
-                with self.routing.lock:
-                    placed = i = self.routing.choose(info, frozenset(tried))
-                    decided = time.perf_counter()
-                    if i is not None:
-                        w = self.routing.workers[i]
-                        sending = send(w)
-                        predicted = self.routing.record(i, info)
-            self.metrics.decision.observe(decided - t0)
+            placed = await self._place(info, frozenset(tried), send)
             if placed is None:
                 self.metrics.errors.labels("no_worker").inc()
                 return _error(503, "no healthy worker could take the request")
-            self.metrics.predicted.inc(min(predicted, len(tokens) - 1))
-            log.debug("%s: %d prompt tokens to %s (%d held there)", info.rid, len(tokens), w.url,
-                      predicted)
+            i, w, predicted, sending = placed
+            self.metrics.predicted.inc(min(predicted, len(info.tokens) - 1))
+            log.debug("%s: %d prompt tokens to %s (%d held there)", info.rid, len(info.tokens),
+                      w.url, predicted)
             self.metrics.requests.labels(w.url).inc()
             try:
                 resp = await sending
@@ -227,38 +238,59 @@ class Gateway:
             except WORKER_ERRORS as e:
                 resp, failed = None, type(e).__name__
             if resp is not None and resp.status < 500:
-                break
+                return resp, w
             if resp is not None:
                 resp.close()
             self.routing.finished(info.rid)
             tried.add(i)
             retries += 1
-            if retries > 1:
+            if retries > 1:                      # a lone worker is tried twice too
                 log.warning("%s: worker %s failed it too (%s): 502", info.rid, w.url, failed)
                 self.metrics.errors.labels("upstream").inc()
                 return _error(502, f"the workers failed the request (last: {w.url})")
             log.warning("%s: worker %s failed before the first byte (%s): one retry on the "
                         "next best worker", info.rid, w.url, failed)
             self.metrics.retries.inc()
-        if resp.status >= 400 or not body.get("stream"):
-            try:
-                content = await resp.read()           # read whole: the connection is kept
-            except WORKER_ERRORS as e:
-                log.warning("%s: worker %s failed its reply (%s): 502", info.rid, w.url,
-                            type(e).__name__)
-                self.metrics.errors.labels("upstream").inc()
-                return _error(502, f"the worker failed its reply ({type(e).__name__})")
-            finally:
-                resp.close()
-                self.routing.finished(info.rid)
-            if resp.status == 200:
-                self._reported(content)
-            return Response(content, resp.status, media_type=resp.content_type)
-        self.relays.add(resp)
-        return BridgedResponse(
-            resp, timeout=self.client_timeout, on_first=lambda: self._first(info),
-            on_end=lambda tail, failure: self._ended(resp, info, w.url, tail, failure),
-            closing=lambda: self.closing)
+
+    async def _place(self, info: RequestInfo, tried: frozenset[int], send):
+        """(worker index, worker, tokens predicted held there, the send begun) for `info`, or
+        None when no healthy worker is left; the decision's time observed."""
+        t0 = time.perf_counter()
+        if len(info.tokens) > INLINE_TOKENS:
+            placed = await asyncio.to_thread(self.routing.place, info, tried)
+            self.metrics.decision.observe(time.perf_counter() - t0)
+            if placed is None:
+                return None
+            i, w, predicted = placed
+            return i, w, predicted, send(w)
+        # one hold of the lock, so no event batch or other request comes between the choice
+        # and its record; on a kept-alive connection the request is written in between, and
+        # the worker reads it while the gateway records it
+        with self.routing.lock:
+            i = self.routing.choose(info, tried)
+            self.metrics.decision.observe(time.perf_counter() - t0)
+            if i is None:
+                return None
+            w = self.routing.workers[i]
+            sending = send(w)
+            return i, w, self.routing.record(i, info), sending
+
+    async def _whole(self, resp: aiohttp.ClientResponse, info: RequestInfo, w: Worker
+                     ) -> Response:
+        """A reply that is not streamed (or an error), read whole: the connection is kept."""
+        try:
+            content = await resp.read()
+        except WORKER_ERRORS as e:
+            log.warning("%s: worker %s failed its reply (%s): 502", info.rid, w.url,
+                        type(e).__name__)
+            self.metrics.errors.labels("upstream").inc()
+            return _error(502, f"the worker failed its reply ({type(e).__name__})")
+        finally:
+            resp.close()
+            self.routing.finished(info.rid)
+        if resp.status == 200:
+            self._reported(content)
+        return Response(content, resp.status, media_type=resp.content_type)
 
     async def _tokenize(self, body: dict, chat: bool) -> list[int] | Response:
         """The request's token ids, from the healthy workers in turn (each request starts at
