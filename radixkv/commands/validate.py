@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -20,6 +21,16 @@ from radixkv.commands.torch_flags import add_torch_flag
 from radixkv.shapes import MODEL_CONFIGS
 from radixkv.sim.profile import load_profile
 from radixkv.argcheck import positive_int
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from radixkv.config import EngineConfig
+    from radixkv.model.executor import TorchExecutor
+    from radixkv.offline.calibration.fidelity import Fidelity, KindError, RealRuns
+    from radixkv.shapes import ModelArgs
+    from radixkv.sim.profile import Profile
+    from radixkv.workloads import Workload
 
 # Workloads scaled for a tiny model on a CPU (a real run of each takes a few seconds).
 CPU_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -78,10 +89,40 @@ def _signed(x: float) -> str:
     return f"{'+' if x >= 0 else ''}{pct(x)}"
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """What one validate run measured: the real runs and the simulation of the same workload,
+    compared figure by figure."""
+    runs: RealRuns                  # the timed real runs (and the untimed pass)
+    spread: dict[str, float]        # per figure: the real runs' (largest - smallest) / median
+    fid: Fidelity                   # the real runs' median against the simulation
+    sim_steps: int                  # the simulation's engine steps
+    timing: str                     # what priced the simulated steps (the profile)
+    speeds: list[float]             # --speed-check: the machine's speed before, after; else []
+    speed: float | None             # their geometric mean; None without --speed-check
+    at: Fidelity | None             # the real runs against a simulation at `speed`
+    kinds: list[KindError] | None   # --steps: the timed real runs' steps priced by kind
+
+
 def run(args: argparse.Namespace) -> int:
-    from radixkv.offline.calibration.fidelity import (StepLog, check_requests, compare, figures,
-                                              price_steps, run_real_runs, run_simulated,
-                                              speed_check)
+    prof, margs, cfg, wl, ex = _setup(args)
+    con = console()
+    out = _measure(args, con, prof, cfg, wl, ex)
+    _print_comparison(con, args, wl, cfg, ex, out)
+    if out.kinds is not None:
+        _print_step_kinds(con, out.kinds)
+    if args.json is not None:
+        doc = _json_doc(args, wl, margs.name, prof, cfg, out)
+        with Outputs() as files:
+            files.write_json(args.json, doc)
+        con.print(f"wrote {args.json}")
+    return 0
+
+
+def _setup(args: argparse.Namespace
+           ) -> tuple[Profile, ModelArgs, EngineConfig, Workload, TorchExecutor]:
+    """The arguments checked, and what they name: (the profile, the real model's shape, the
+    engine configuration, the workload, the real executor with its KV pool)."""
     from radixkv.model.setup import model_args, torch_target  # the torch extra: only here
 
     positive_int(args.real_runs, "--real-runs")
@@ -102,7 +143,17 @@ def run(args: argparse.Namespace) -> int:
                         vocab_size=margs.vocab_size)
     ex = target.executor(cfg.kv_capacity, seed=rc.seed, attention=prof.backend,
                                    host_slots=cfg.cache.host_kv_tokens)
-    con = console()
+    return prof, margs, cfg, wl, ex
+
+
+def _measure(args: argparse.Namespace, con: Console, prof: Profile, cfg: EngineConfig,
+             wl: Workload, ex: TorchExecutor) -> _Outcome:
+    """The real runs on `ex` (with --speed-check, the machine's speed timed before and after
+    them), the simulation priced by `prof`, and with --speed-check one more at the measured
+    speed; each simulation compared with the real runs' median."""
+    from radixkv.offline.calibration.fidelity import (StepLog, check_requests, compare, figures,
+                                              price_steps, run_real_runs, run_simulated,
+                                              speed_check)
     speeds: list[float] = []
 
     def check_speed() -> None:
@@ -125,6 +176,14 @@ def run(args: argparse.Namespace) -> int:
     speed = math.sqrt(speeds[0] * speeds[1]) if speeds else None
     at = None if speed is None else compare(
         real, figures(*run_simulated(wl, cfg, prof.cost_model(speed))))
+    return _Outcome(runs, spread, fid, sim.steps, cost.timing, speeds, speed, at, kinds)
+
+
+def _print_comparison(con: Console, args: argparse.Namespace, wl: Workload, cfg: EngineConfig,
+                      ex: TorchExecutor, out: _Outcome) -> None:
+    """The table of each figure, real against simulated (and at the measured speed), then
+    what the real figures are, the worst error against TOLERANCE, and the speed check's."""
+    fid, at, speed = out.fid, out.at, out.speed
     table = Table(title=f"{wl.name} ({len(wl)} requests) · {cfg.cache.label} · {ex.name} "
                         f"({ex.attention.name}) vs profile {args.profile}")
     cols = ["metric", "real s", "real spread", "simulated s", "error"] + \
@@ -132,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     for col in cols:
         table.add_column(col, justify="left" if col == "metric" else "right")
     for i, r in enumerate(fid.rows):
-        cells = [r.metric, f"{r.real:.4f}", pct(spread[r.metric]), f"{r.simulated:.4f}",
+        cells = [r.metric, f"{r.real:.4f}", pct(out.spread[r.metric]), f"{r.simulated:.4f}",
                  _signed(r.relative_error)]
         if at is not None:
             cells += [f"{at.rows[i].simulated:.4f}", _signed(at.rows[i].relative_error)]
@@ -140,45 +199,51 @@ def run(args: argparse.Namespace) -> int:
     con.print(table)
     w = fid.worst
     con.print(f"real: the median of {args.real_runs} timed runs after an untimed one (spread: "
-              f"their largest - smallest, over the median) · simulated steps {sim.steps}",
+              f"their largest - smallest, over the median) · simulated steps {out.sim_steps}",
               highlight=False)
     con.print(f"worst: {w.metric} {w.relative_error:+.1%} · "
               f"{'within' if fid.within(TOLERANCE) else 'OUTSIDE'} {TOLERANCE:.0%}",
               highlight=False)
     if at is not None:
-        wa = at.worst
+        wa, speeds = at.worst, out.speeds
         con.print(f"speed check: this machine ran the profile's steps x{speeds[0]:.3f} before "
                   f"and x{speeds[1]:.3f} after the real run; simulated at x{speed:.3f}, worst "
                   f"{wa.metric} {wa.relative_error:+.1%} · "
                   f"{'within' if at.within(TOLERANCE) else 'OUTSIDE'} {TOLERANCE:.0%}",
                   highlight=False)
-    if kinds is not None:
-        kt = Table(title="the timed real runs' steps priced by the profile, by kind")
-        for col in ("steps", "real s", "share", "priced s", "error"):
-            kt.add_column(col, justify="right")
-        kt.add_column("kind", justify="left")
-        for k in kinds:
-            kt.add_row(str(k.steps), f"{k.real_s:.4f}", pct(k.share), f"{k.priced_s:.4f}",
-                       _signed(k.relative_error), k.kind)
-        con.print(kt)
-    if args.json is not None:
-        doc = metadata(workload_info(wl, args.workload), model=margs.name,
-                       gpu=f"{prof.device}:{prof.device_name}", max_total_tokens=cfg.kv_capacity,
-                       results=[{"metric": r.metric, **r.as_dict()} for r in fid.rows],
-                       timing=cost.timing)
-        doc["metrics"] = {r.metric: r.as_dict() for r in fid.rows}
-        doc["real_runs"] = list(runs.runs)
-        doc["real_spread"] = spread
-        doc["cold_run"] = runs.cold
-        if at is not None:
-            doc["speed"] = {"before": speeds[0], "after": speeds[1], "simulated_at": speed}
-            doc["metrics_at_speed"] = {r.metric: r.as_dict() for r in at.rows}
-        if kinds is not None:
-            doc["steps"] = [{"kind": k.kind, "steps": k.steps, "real": k.real_s,
-                             "priced": k.priced_s, "share": k.share,
-                             "relative_error": k.relative_error} for k in kinds]
-        doc["profile"] = str(args.profile)
-        with Outputs() as out:
-            out.write_json(args.json, doc)
-        con.print(f"wrote {args.json}")
-    return 0
+
+
+def _print_step_kinds(con: Console, kinds: list[KindError]) -> None:
+    """--steps: the table of the timed real runs' steps by kind, real against priced."""
+    kt = Table(title="the timed real runs' steps priced by the profile, by kind")
+    for col in ("steps", "real s", "share", "priced s", "error"):
+        kt.add_column(col, justify="right")
+    kt.add_column("kind", justify="left")
+    for k in kinds:
+        kt.add_row(str(k.steps), f"{k.real_s:.4f}", pct(k.share), f"{k.priced_s:.4f}",
+                   _signed(k.relative_error), k.kind)
+    con.print(kt)
+
+
+def _json_doc(args: argparse.Namespace, wl: Workload, model: str, prof: Profile,
+              cfg: EngineConfig, out: _Outcome) -> dict:
+    """The --json document: the run's metadata, per figure real, simulated and relative
+    error, the real runs one by one, and what --speed-check and --steps measured."""
+    fid, at, speeds = out.fid, out.at, out.speeds
+    doc = metadata(workload_info(wl, args.workload), model=model,
+                   gpu=f"{prof.device}:{prof.device_name}", max_total_tokens=cfg.kv_capacity,
+                   results=[{"metric": r.metric, **r.as_dict()} for r in fid.rows],
+                   timing=out.timing)
+    doc["metrics"] = {r.metric: r.as_dict() for r in fid.rows}
+    doc["real_runs"] = list(out.runs.runs)
+    doc["real_spread"] = out.spread
+    doc["cold_run"] = out.runs.cold
+    if at is not None:
+        doc["speed"] = {"before": speeds[0], "after": speeds[1], "simulated_at": out.speed}
+        doc["metrics_at_speed"] = {r.metric: r.as_dict() for r in at.rows}
+    if out.kinds is not None:
+        doc["steps"] = [{"kind": k.kind, "steps": k.steps, "real": k.real_s,
+                         "priced": k.priced_s, "share": k.share,
+                         "relative_error": k.relative_error} for k in out.kinds]
+    doc["profile"] = str(args.profile)
+    return doc

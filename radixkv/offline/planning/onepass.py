@@ -34,11 +34,12 @@ A capacity below one page, or below the largest request's page-rounded prompt + 
 replay refuses: it is reported infeasible (hit tokens -1), and every step above fits at every
 feasible capacity, so nothing else can fail mid-pass.
 
-Ranks. The unlimited cache's radix tree (one root per namespace) is built as the pass goes, and
-split wherever a request's path ends or diverges, so every page of a node was last touched by
-the same request. Each request restamps its path's nodes, the root-most newest; a Fenwick tree
-over stamps weighted by page counts gives the pages more recent than a node, so a path costs
-O(nodes on it x log) and the per-capacity arithmetic is numpy over the capacity axis.
+Ranks (stacktree.py). The unlimited cache's radix tree (one root per namespace) is built as
+the pass goes, and split wherever a request's path ends or diverges, so every page of a node
+was last touched by the same request. Each request restamps its path's nodes, the root-most
+newest; a Fenwick tree over stamps weighted by page counts gives the pages more recent than a
+node, so a path costs O(nodes on it x log) and the per-capacity arithmetic is numpy over the
+capacity axis.
 
 Blockhash duplicates. When a request's deeper path content is still cached at its insert (the
 last prompt block, which the len - 1 rule leaves unmatched, or a repeated output), blockhash
@@ -52,16 +53,16 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from radixkv.cache.key import RadixKey
+from radixkv.offline.planning.stacktree import NEVER, Node, PathRanks, StampTree
 from radixkv.offline.replay import computed_output, pool_size, request_need
 from radixkv.workloads import TraceRequest
 
 KINDS = ("radix", "blockhash")
-_NEVER = np.int64(1) << 62          # rank of a page the unlimited cache has never held
 
 
 @dataclass(frozen=True)
@@ -84,136 +85,6 @@ class CurveResult:
         return np.where(self.feasible, rate, np.nan)
 
 
-class _Fenwick:
-    """Page counts per stamp; `newer(s)` = pages at stamps > s. Grows by doubling."""
-
-    def __init__(self, size: int = 1 << 12):
-        self.n, self.tree, self.total = size, [0] * (size + 1), 0
-        self.w = [0] * (size + 1)                 # plain weights, to rebuild on growth
-
-    def add(self, s: int, v: int) -> None:
-        if s > self.n:
-            self._grow(s)
-        self.w[s] += v
-        self.total += v
-        t, n = self.tree, self.n
-        while s <= n:
-            t[s] += v
-            s += s & -s
-
-    def newer(self, s: int) -> int:
-        t, acc, i = self.tree, 0, min(s, self.n)
-        while i > 0:
-            acc += t[i]
-            i -= i & -i
-        return self.total - acc
-
-    def _grow(self, s: int) -> None:
-        n = self.n
-        while n < s:
-            n *= 2
-        w = self.w + [0] * (n - self.n)
-        tree = [0] + w[1:]
-        for i in range(1, n + 1):                 # O(n) Fenwick build
-            j = i + (i & -i)
-            if j <= n:
-                tree[j] += tree[i]
-        self.n, self.w, self.tree = n, w, tree
-
-
-class _Node:
-    """A node of the unlimited cache's tree: `key` is its edge (a RadixKey of whole pages),
-    `depth` the page index its edge starts at, `base` the stable id of its first page (pages
-    keep their id across splits), `stamp` its last touch."""
-    __slots__ = ("key", "children", "stamp", "npages", "depth", "base")
-
-    def __init__(self, key: RadixKey, stamp: int, npages: int, depth: int, base: int):
-        self.key, self.children = key, {}
-        self.stamp, self.npages, self.depth, self.base = stamp, npages, depth, base
-
-
-class _Tree:
-    """The unlimited cache's radix tree with recency stamps (see the module docstring)."""
-
-    def __init__(self, page_size: int):
-        self.ps = page_size                                   # tokens per page
-        self.roots: dict[tuple, _Node] = {}
-        self.fen = _Fenwick()
-        self.stamp = 0
-        self.pages = 0                                        # page ids handed out
-
-    def walk(self, key: RadixKey, A: int) -> tuple[list[_Node], bool]:
-        """The path of the first `A` whole pages of `key`, splitting nodes where it ends or
-        diverges; the last node is new (never held) when the second value is True."""
-        root = self.roots.get(key.namespace)
-        if root is None:
-            root = self.roots[key.namespace] = _Node(RadixKey(), 0, 0, 0, 0)
-        ps, node, pos, path = self.ps, root, 0, []
-        while pos < A:
-            child = node.children.get(key.page(pos, ps))
-            if child is None:
-                leaf = _Node(key[pos * ps:A * ps], 0, A - pos, pos, self.pages)
-                self.pages += A - pos
-                node.children[key.page(pos, ps)] = leaf
-                path.append(leaf)
-                return path, True
-            # >= 1: the first page matched
-            n = min(child.npages, A - pos, key.shared(child.key, pos * ps) // ps)
-            if n < child.npages:
-                child = self._split(node, child, n)
-            path.append(child)
-            pos += n
-            node = child
-        return path, False
-
-    def _split(self, parent: _Node, child: _Node, n: int) -> _Node:
-        """Cut `child` after n pages; the upper part keeps the stamp (the Fenwick weight at it
-        is unchanged: both parts are still there, the lower one deeper)."""
-        ps = self.ps
-        upper = _Node(child.key[:n * ps], child.stamp, n, child.depth, child.base)
-        parent.children[child.key.page(0, ps)] = upper
-        child.key, child.npages = child.key[n * ps:], child.npages - n
-        child.depth, child.base = child.depth + n, child.base + n
-        upper.children[child.key.page(0, ps)] = child
-        return upper
-
-    def ranks(self, path: list[_Node], new: bool) -> np.ndarray:
-        """(len(path),) rank of each node's first page before this request (1 = most recent);
-        a node's pages rank consecutively from there. _NEVER for a new node."""
-        fen = self.fen
-        r = [fen.newer(n.stamp) + 1 for n in (path[:-1] if new else path)]
-        if new:
-            r.append(int(_NEVER))
-        return np.array(r, np.int64)
-
-    def touch(self, path: list[_Node], new: bool) -> None:
-        """Restamp the path, the root-most newest."""
-        fen = self.fen
-        for i, n in enumerate(reversed(path)):
-            self.stamp += 1
-            if not (new and i == 0):
-                fen.add(n.stamp, -n.npages)
-            n.stamp = self.stamp
-            fen.add(n.stamp, n.npages)
-
-
-class _Path:
-    """One request's path pages as rank segments: node i holds pages [d0[i], d0[i] + w[i])
-    ranked R[i] ... R[i] + w[i] - 1. `count(x)`: pages ranked <= x (a prefix of the path)."""
-    __slots__ = ("R", "w", "d0")
-
-    def __init__(self, R: np.ndarray, w: np.ndarray, d0: np.ndarray):
-        self.R, self.w, self.d0 = R, w, d0
-
-    def count(self, x: np.ndarray) -> np.ndarray:
-        if not len(self.R):
-            return np.zeros_like(x)
-        i = np.searchsorted(self.R, x, "right") - 1
-        j = np.maximum(i, 0)
-        got = self.d0[j] + np.minimum(self.w[j], x - self.R[j] + 1)
-        return np.where(i >= 0, got, 0)
-
-
 def _requests(requests) -> list[TraceRequest]:
     reqs = list(requests)
     for r in reqs:
@@ -222,34 +93,59 @@ def _requests(requests) -> list[TraceRequest]:
     return reqs
 
 
+def _check_args(kind: str, page_size: int) -> None:
+    """Refuse an unknown cache kind or a page size that is not a positive int."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if type(page_size) is not int or page_size < 1:
+        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+
+
+def _capacities(capacities: Iterable[int | None]) -> list[int | None]:
+    """The capacities as a list, each a positive number of tokens or None (unlimited)."""
+    caps = list(capacities)
+    for c in caps:
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1):
+            raise ValueError(f"capacity must be a positive number of tokens or None, got {c!r}")
+    return caps
+
+
 def lru_hit_curve(requests: Iterable[TraceRequest], kind: str, page_size: int,
                   capacities: Sequence[int | None]) -> CurveResult:
     """Hit tokens of `replay(requests, cache, capacity)` for every capacity in `capacities`
     (tokens; None: unlimited), for `kind` "radix" (LRU, page-granularity eviction, pages of
     `page_size`) or "blockhash" (blocks of `page_size`), in one pass over the requests."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    if type(page_size) is not int or page_size < 1:
-        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    _check_args(kind, page_size)
     reqs = _requests(requests)
     ps = page_size
-    caps = list(capacities)
-    for c in caps:
-        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1):
-            raise ValueError(f"capacity must be a positive number of tokens or None, got {c!r}")
+    caps = _capacities(capacities)
     unlimited = pool_size(reqs, ps, None)
     need = request_need(reqs, ps)
     slots = np.array([unlimited if c is None else int(c) - int(c) % ps for c in caps], np.int64)
     feasible = (slots >= ps) & (slots >= need)
 
     P = slots[feasible] // ps                          # pool pages per feasible capacity
+    hit_cols, peak = _one_pass(reqs, kind == "radix", ps, P)
+
+    hits = np.full((len(reqs), len(caps)), -1, np.int64)
+    hits[:, feasible] = hit_cols
+    hit_tokens = np.full(len(caps), -1, np.int64)
+    hit_tokens[feasible] = hit_cols.sum(axis=0)
+    return CurveResult(kind=kind, page_size=ps, capacities=slots, hit_tokens=hit_tokens,
+                       hits=hits, feasible=feasible, footprint_tokens=int(unlimited),
+                       peak_tokens=int(peak), prompt_tokens=sum(len(r.prompt) for r in reqs))
+
+
+def _one_pass(reqs: list[TraceRequest], radix: bool, ps: int, P: np.ndarray) -> tuple[np.ndarray, int]:
+    """The pass itself: for pool sizes `P` ((n_cap,) int64 pages of `ps` tokens, all feasible)
+    of the radix (`radix`) or block-hash cache, the (n_requests, n_cap) int64 hit tokens of
+    each request at each capacity, and the peak tokens of the unlimited cache (see
+    `CurveResult.peak_tokens`)."""
     ncap = len(P)
     k = np.zeros(ncap, np.int64)                       # cached pages (blocks) per capacity
-    hits = np.full((len(reqs), len(caps)), -1, np.int64)
     hit_cols = np.zeros((len(reqs), ncap), np.int64)
-    tree = _Tree(ps)
+    tree = StampTree(ps)
     dups: list[dict[int, tuple]] = [{} for _ in range(ncap)]  # blockhash: copies per capacity
-    radix = kind == "radix"
     filler, peak, cached_unlimited = 0, 0, 0
     for i, r in enumerate(reqs):
         key = RadixKey(r.prompt, r.extra_key, r.cache_salt)
@@ -263,7 +159,7 @@ def lru_hit_curve(requests: Iterable[TraceRequest], kind: str, page_size: int,
         R = tree.ranks(path, new)
         w = np.array([n.npages for n in path], np.int64)
         d0 = np.array([n.depth for n in path], np.int64)
-        seg = _Path(R, w, d0)
+        seg = PathRanks(R, w, d0)
 
         # the unlimited cache: pages held before, plus this request's own at their most
         # (after admit, and after the output pages are grown)
@@ -284,42 +180,56 @@ def lru_hit_curve(requests: Iterable[TraceRequest], kind: str, page_size: int,
             e1 = np.maximum(0, a - (P - k))
             s1 = np.maximum(h, seg.count(k - e1))      # path pages cached after e1
             if radix:
-                gone1 = c - s1                         # deeper path pages among the e1
-                if has_out:
-                    tree1 = k - e1 + F - np.minimum(s1, F)
-                    e2 = np.maximum(0, b - (P - tree1 - (n_prompt - F)))
-                    s2 = seg.count(k - e1 - e2)
-                    gone2 = np.maximum(0, s1 - F) - np.maximum(0, s2 - F)
-                else:
-                    e2 = gone2 = 0
-                k_next = (k - c) - (e1 - gone1) - (e2 - gone2) + A
+                k = _radix_next(seg, k, P, c, s1, e1, F, A, n_prompt, b, has_out)
             else:
-                e2 = np.maximum(0, b - (P - k + e1 - a)) if has_out else 0
-                k_next = k - e1 - e2 + (A - h)
-                slow = s1 > h                          # a copy registered at this capacity
-                for q in range(ncap):
-                    if dups[q] or slow[q]:
-                        h[q], k_next[q] = _blockhash_scalar(
-                            tree, path, seg, dups[q], int(k[q]), int(P[q]), M, F, A, n_prompt,
-                            b, has_out)
+                k = _blockhash_next(tree, path, seg, dups, k, P, h, s1, e1, a, M, F, A, n_prompt,
+                                    b, has_out)
             hit_cols[i] = h * ps
-            k = k_next
         tree.touch(path, new)
-
-    hits[:, feasible] = hit_cols
-    hit_tokens = np.full(len(caps), -1, np.int64)
-    hit_tokens[feasible] = hit_cols.sum(axis=0)
-    return CurveResult(kind=kind, page_size=ps, capacities=slots, hit_tokens=hit_tokens,
-                       hits=hits, feasible=feasible, footprint_tokens=int(unlimited),
-                       peak_tokens=int(peak), prompt_tokens=sum(len(r.prompt) for r in reqs))
+    return hit_cols, peak
 
 
-def _blockhash_scalar(tree: _Tree, path: list[_Node], seg: _Path, dups: dict[int, tuple],
+def _radix_next(seg: PathRanks, k: np.ndarray, P: np.ndarray, c: np.ndarray, s1: np.ndarray,
+                e1: np.ndarray, F: int, A: int, n_prompt: int, b: int, has_out: bool) -> np.ndarray:
+    """(n_cap,) radix pages cached after the request, from those before (`k`), given the
+    path pages cached at admit (`c`), those left after its e1 evictions (`s1`), and the
+    request's page counts (see the module docstring)."""
+    gone1 = c - s1                                     # deeper path pages among the e1
+    if has_out:
+        tree1 = k - e1 + F - np.minimum(s1, F)
+        e2 = np.maximum(0, b - (P - tree1 - (n_prompt - F)))
+        s2 = seg.count(k - e1 - e2)
+        gone2 = np.maximum(0, s1 - F) - np.maximum(0, s2 - F)
+    else:
+        e2 = gone2 = 0
+    return (k - c) - (e1 - gone1) - (e2 - gone2) + A
+
+
+def _blockhash_next(tree: StampTree, path: list[Node], seg: PathRanks, dups: list[dict[int, tuple]],
+                    k: np.ndarray, P: np.ndarray, h: np.ndarray, s1: np.ndarray, e1: np.ndarray,
+                    a: np.ndarray, M: int, F: int, A: int, n_prompt: int, b: int,
+                    has_out: bool) -> np.ndarray:
+    """(n_cap,) blocks cached after the request, from those before (`k`), given its hit
+    blocks (`h`), the path blocks left after its e1 evictions (`s1`) and the blocks it
+    allocates for the prompt (`a`). Capacities with duplicate copies, held or made now, take
+    `_blockhash_scalar`, which overwrites their `h` in place and updates their `dups`."""
+    e2 = np.maximum(0, b - (P - k + e1 - a)) if has_out else 0
+    k_next = k - e1 - e2 + (A - h)
+    slow = s1 > h                                      # a copy registered at this capacity
+    for q in range(len(P)):
+        if dups[q] or slow[q]:
+            h[q], k_next[q] = _blockhash_scalar(
+                tree, path, seg, dups[q], int(k[q]), int(P[q]), M, F, A, n_prompt,
+                b, has_out)
+    return k_next
+
+
+def _blockhash_scalar(tree: StampTree, path: list[Node], seg: PathRanks, dups: dict[int, tuple],
                       k: int, P: int, M: int, F: int, A: int, n_prompt: int, b: int,
                       has_out: bool) -> tuple[int, int]:
     """One request at one capacity of the block-hash cache, with its duplicate copies.
 
-    `dups` maps a content page id (stable: `_Node.base` + offset) with more than one cached
+    `dups` maps a content page id (stable: `Node.base` + offset) with more than one cached
     copy to (its depth, its copies in registration order, oldest first: the one a match
     uses). A copy is None when it sits at the content's own recency position (its newest
     touch), else the frozen (stamp, depth) where it was left. Updated in place; returns
@@ -337,8 +247,8 @@ def _blockhash_scalar(tree: _Tree, path: list[_Node], seg: _Path, dups: dict[int
 
     def lead_rank(j: int) -> int:                        # rank of page j's recent copy
         i = bisect.bisect_right(d0, j) - 1
-        if R[i] >= _NEVER:
-            return int(_NEVER)
+        if R[i] >= NEVER:
+            return int(NEVER)
         return R[i] + (j - d0[i]) + ahead(stamps[i], j)
 
     def frozen_rank(s: int, d: int) -> int:              # pages at stamp s lie deeper than d
@@ -348,38 +258,55 @@ def _blockhash_scalar(tree: _Tree, path: list[_Node], seg: _Path, dups: dict[int
         i = bisect.bisect_right(d0, j) - 1
         return path[i].base + (j - d0[i])
 
-    def first_index(pred, lo: int, hi: int) -> int:      # first j in [lo, hi) failing pred
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if pred(mid):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
     # contents with copies that lie on this path: (content id, depth, copies)
     on_path = [(cid, d, copies) for cid, (d, copies) in dups.items() if d < A and cid_of(d) == cid]
-    c = first_index(lambda j: lead_rank(j) <= k, 0, A)
+    c = _first_failing(lambda j: lead_rank(j) <= k, 0, A)
     h = min(M, c)
     # a match locks the oldest copy of each hit page: where that is a frozen copy, the recent
     # copy stays unlocked
     hit_frozen = [(cid, d, copies) for cid, d, copies in on_path if d < h and copies[0] is not None]
+    a = n_prompt - h
+    e1 = max(0, a - (P - k))
+    e2 = max(0, b - (P - k + e1 - a)) if has_out else 0
+    s2 = _evict_copies(dups, frozen, hit_frozen, lead_rank, frozen_rank, h, c, k - h - e1, e1, e2)
+    _register_copies(dups, on_path, hit_frozen, h, s2, stamps, node_of, cid_of)
+    return h, k - e1 - e2 + (A - h)
+
+
+def _first_failing(pred: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The first j in [lo, hi) failing `pred` (hi if none), for a `pred` that holds on a
+    prefix of the range and fails on the rest: a binary search."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _evict_copies(dups: dict[int, tuple], frozen: list[tuple], hit_frozen: list[tuple],
+                  lead_rank: Callable[[int], int], frozen_rank: Callable[[int, int], int],
+                  h: int, c: int, keep1: int, e1: int, e2: int) -> int:
+    """The request's e1 evictions (for its prompt pages; `keep1` unlocked pages stay) and e2
+    (for its output pages) at one capacity of `_blockhash_scalar`: drops the copies they
+    take from `dups` and returns the path pages still cached after both (of the `c` cached
+    at admit, the first `h` hit and locked). `lead_rank(j)` ranks path page j's recent
+    copy, `frozen_rank(s, d)` the frozen copy left at (s, d); `frozen` holds every frozen
+    copy as ((stamp, depth), content id), `hit_frozen` the hit pages whose oldest copy is
+    frozen, as (content id, depth, copies)."""
     locked_frozen = sorted(frozen_rank(*copies[0]) for _, _, copies in hit_frozen)
     unlocked_leads = sorted(lead_rank(d) for _, d, _ in hit_frozen)
 
     last_hit = lead_rank(h - 1) if h else 0
 
     def locked_below(x: int) -> int:                     # locked copies ranked ahead of x
-        leads = h if x > last_hit else first_index(lambda j: lead_rank(j) < x, 0, h)
+        leads = h if x > last_hit else _first_failing(lambda j: lead_rank(j) < x, 0, h)
         return leads - bisect.bisect_left(unlocked_leads, x) + bisect.bisect_left(locked_frozen, x)
 
     def survives(x: int, keep: int) -> bool:             # an unlocked copy at rank x, when the
         return x - locked_below(x) <= keep               # `keep` most recent unlocked ones stay
 
-    a = n_prompt - h
-    e1 = max(0, a - (P - k))
-    keep1 = k - h - e1
-    e2 = max(0, b - (P - k + e1 - a)) if has_out else 0
     keep2 = keep1 - e2
     locked_first = {cid for cid, _, _ in hit_frozen}
 
@@ -396,13 +323,25 @@ def _blockhash_scalar(tree: _Tree, path: list[_Node], seg: _Path, dups: dict[int
             if None in copies and not survives(lead_rank(d), keep):
                 copies.remove(None)
 
-    s1 = first_index(lambda j: survives(lead_rank(j), keep1), h, c) if e1 else c
+    s1 = _first_failing(lambda j: survives(lead_rank(j), keep1), h, c) if e1 else c
     if e1:
         prune(keep1)
     s2 = s1                                              # path pages still cached after e2
     if e2:
-        s2 = first_index(lambda j: survives(lead_rank(j), keep2), h, s1)
+        s2 = _first_failing(lambda j: survives(lead_rank(j), keep2), h, s1)
         prune(keep2)
+    return s2
+
+
+def _register_copies(dups: dict[int, tuple], on_path: list[tuple], hit_frozen: list[tuple],
+                     h: int, s2: int, stamps: list[int], node_of: Callable[[int], int],
+                     cid_of: Callable[[int], int]) -> None:
+    """The request's final insert at one capacity of `_blockhash_scalar`, in `dups`: the
+    copies of `on_path` (its contents with copies, as (content id, depth, copies)) and
+    `hit_frozen` (those of them hit with a frozen oldest copy) after the path's pages past
+    the `h` hit are registered anew, `s2` of them still cached; contents left with one copy
+    leave `dups`. `stamps` are the path nodes' stamps, `node_of(j)` the node holding path
+    page j, `cid_of(j)` its content id."""
     # pages [h, A) are registered anew: a surviving older copy stays, frozen where the content
     # was; pages past s2 have no older copy left
     for cid, d, copies in on_path:
@@ -420,4 +359,3 @@ def _blockhash_scalar(tree: _Tree, path: list[_Node], seg: _Path, dups: dict[int
         copies[:] = [None] + [old if cp is None else cp for cp in copies[1:]]
     for cid in [cid for cid, (_, copies) in dups.items() if len(copies) < 2]:
         del dups[cid]
-    return h, k - e1 - e2 + (A - h)

@@ -152,16 +152,7 @@ def sweep(workload: Any, caches: Sequence[str], evictions: Sequence[str], page_s
     replay finishes; `workers` caps the processes (default: the cores, at most MAX_WORKERS; 1
     runs everything here). `curve` replaces `lru_hit_curve` (same signature and result)."""
     reqs = _requests_of(workload)
-    if not reqs:
-        raise ValueError("the workload has no requests")
-    if capacities is None and points is None:
-        raise ValueError("give capacities or a number of points")
-    if capacities is not None:
-        capacities = [positive_int(c, "capacity") for c in capacities]
-        if not capacities:
-            raise ValueError("no capacities given")
-    elif not isinstance(points, int) or isinstance(points, bool) or points < 1:
-        raise ValueError(f"points must be a positive int, got {points!r}")
+    capacities = _checked_capacities(reqs, capacities, points)
     bpt = None if model is None else MODEL_SPECS[model].kv_bytes_per_token_per_gpu
     if curve is None:
         from radixkv.offline.planning.onepass import lru_hit_curve as curve
@@ -180,19 +171,8 @@ def sweep(workload: Any, caches: Sequence[str], evictions: Sequence[str], page_s
         if progress is not None:
             progress(done, total)
 
-    # the unlimited footprint of each design: the smallest pool at which nothing is evicted,
-    # whatever the order (below it the orders differ; at and above it all hit the ceiling)
-    footprint = {}
-    for kind, ps in designs:
-        footprint[kind, ps] = int(curve(reqs, kind, ps, [None]).peak_tokens)
-        tick()
-    if capacities is None:
-        grid = capacity_grid(max(need.values()), max(footprint.values()), points, step)
-    else:
-        grid = sorted({c - c % step for c in capacities})
-        if grid[0] < step:
-            raise ValueError(f"capacity {min(capacities):,} tokens is smaller than one page of "
-                             f"{step} (whole pages of every cache swept)")
+    footprint = _footprints(curve, reqs, designs, tick)
+    grid = _grid_of(capacities, points, max(need.values()), max(footprint.values()), step)
 
     def row(ln: Line, cap: int, hit: int | None, method: str) -> SweepRow:
         return SweepRow(ln.cache, ln.page_size, ln.eviction, cap,
@@ -202,13 +182,7 @@ def sweep(workload: Any, caches: Sequence[str], evictions: Sequence[str], page_s
 
     rows: dict[Line, list[SweepRow]] = {}
     for ln in one_pass_lines:
-        fits = [c for c in grid if c >= need[ln.cache, ln.page_size]]
-        hit_of: dict[int, int] = {}
-        if fits:
-            res = curve(reqs, ln.cache, ln.page_size, fits)
-            for c, h, ok in zip(res.capacities, res.hit_tokens, res.feasible):
-                if ok:
-                    hit_of[int(c)] = int(h)
+        hit_of = _one_pass_hits(curve, reqs, ln, grid, need[ln.cache, ln.page_size])
         rows[ln] = [row(ln, c, hit_of.get(c), ONE_PASS) for c in grid]
         tick()
     jobs = [(ln, c) for ln in lines if not ln.one_pass for c in grid
@@ -219,6 +193,65 @@ def sweep(workload: Any, caches: Sequence[str], evictions: Sequence[str], page_s
         if not ln.one_pass:
             rows[ln] = [row(ln, c, hits.get((ln, c)), REPLAY) for c in grid]
     return [r for ln in lines for r in rows[ln]]
+
+
+def _checked_capacities(reqs: list[TraceRequest], capacities: Sequence[int] | None,
+                        points: int | None) -> list[int] | None:
+    """`sweep`'s explicit capacities as a list of positive ints (None when not given), once
+    the workload has requests and `capacities` or a positive int of `points` is given."""
+    if not reqs:
+        raise ValueError("the workload has no requests")
+    if capacities is None and points is None:
+        raise ValueError("give capacities or a number of points")
+    if capacities is not None:
+        capacities = [positive_int(c, "capacity") for c in capacities]
+        if not capacities:
+            raise ValueError("no capacities given")
+    elif not isinstance(points, int) or isinstance(points, bool) or points < 1:
+        raise ValueError(f"points must be a positive int, got {points!r}")
+    return capacities
+
+
+def _footprints(curve: Callable[..., Any], reqs: list[TraceRequest],
+                designs: list[tuple[str, int]], tick: Callable[[], None]) -> dict[tuple[str, int], int]:
+    """The unlimited footprint (tokens) of each (cache, page size) design, by one `curve` at
+    capacity None each, `tick()` after each."""
+    # the smallest pool at which nothing is evicted, whatever the order (below it the orders
+    # differ; at and above it all hit the ceiling)
+    footprint = {}
+    for kind, ps in designs:
+        footprint[kind, ps] = int(curve(reqs, kind, ps, [None]).peak_tokens)
+        tick()
+    return footprint
+
+
+def _grid_of(capacities: list[int] | None, points: int | None, need: int, footprint: int,
+             step: int) -> list[int]:
+    """The capacities swept (tokens, sorted, multiples of `step`): `points` log-spaced from
+    `need` (the largest request's pool) to `footprint` (the largest unlimited footprint), or
+    the explicit `capacities` rounded down to whole pages, refused below one."""
+    if capacities is None:
+        return capacity_grid(need, footprint, points, step)
+    grid = sorted({c - c % step for c in capacities})
+    if grid[0] < step:
+        raise ValueError(f"capacity {min(capacities):,} tokens is smaller than one page of "
+                         f"{step} (whole pages of every cache swept)")
+    return grid
+
+
+def _one_pass_hits(curve: Callable[..., Any], reqs: list[TraceRequest], ln: Line,
+                   grid: list[int], need: int) -> dict[int, int]:
+    """Hit tokens by capacity of one one-pass line, from one `curve` over the capacities of
+    `grid` that hold the largest request (`need` tokens); those it calls infeasible are left
+    out."""
+    fits = [c for c in grid if c >= need]
+    hit_of: dict[int, int] = {}
+    if fits:
+        res = curve(reqs, ln.cache, ln.page_size, fits)
+        for c, h, ok in zip(res.capacities, res.hit_tokens, res.feasible):
+            if ok:
+                hit_of[int(c)] = int(h)
+    return hit_of
 
 
 # ---- replays, one per (line, capacity), over a process pool -------------------------------
